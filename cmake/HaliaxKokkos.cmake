@@ -1,0 +1,55 @@
+# Finds Kokkos and Kokkos Kernels and provides the targets Kokkos::kokkos and Kokkos::kokkoskernels.
+#
+# Two cases:
+#  * a working Kokkos CMake package (e.g. a CUDA-enabled Kokkos built by hand): set HALIAX_KOKKOS_ROOT (or
+#    Kokkos_ROOT) and its exported targets are used as they are;
+#  * Debian's Trilinos packaging (libtrilinos-kokkos-dev), whose exported Kokkos::kokkos points at
+#    /usr/lib/include: we ignore that target and define our own over the headers in /usr/include/trilinos
+#    (included as SYSTEM so Kokkos's warnings do not drown ours) and the trilinos_kokkos* libraries.
+include_guard(GLOBAL)
+
+set(HALIAX_KOKKOS_ROOT "" CACHE PATH "Prefix of a Kokkos + Kokkos Kernels install with working CMake packages")
+
+if(HALIAX_KOKKOS_ROOT)
+  find_package(Kokkos REQUIRED PATHS "${HALIAX_KOKKOS_ROOT}" NO_DEFAULT_PATH)
+  find_package(KokkosKernels REQUIRED PATHS "${HALIAX_KOKKOS_ROOT}" NO_DEFAULT_PATH)
+  if(NOT TARGET Kokkos::kokkoskernels)
+    message(FATAL_ERROR "haliax: ${HALIAX_KOKKOS_ROOT} has Kokkos but no Kokkos::kokkoskernels target")
+  endif()
+  message(STATUS "haliax: using Kokkos from ${HALIAX_KOKKOS_ROOT}")
+  return()
+endif()
+
+if(TARGET Kokkos::kokkos AND TARGET Kokkos::kokkoskernels)
+  return()
+endif()
+
+find_path(HALIAX_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp PATH_SUFFIXES trilinos
+          DOC "Directory holding Kokkos_Core.hpp (Debian: /usr/include/trilinos)")
+find_library(HALIAX_KOKKOSCORE_LIBRARY NAMES kokkoscore trilinos_kokkoscore)
+find_library(HALIAX_KOKKOSKERNELS_LIBRARY NAMES kokkoskernels trilinos_kokkoskernels)
+find_library(HALIAX_KOKKOSCONTAINERS_LIBRARY NAMES kokkoscontainers trilinos_kokkoscontainers)
+find_library(HALIAX_OPENBLAS_LIBRARY NAMES openblas)
+
+foreach(var HALIAX_KOKKOS_INCLUDE_DIR HALIAX_KOKKOSCORE_LIBRARY HALIAX_KOKKOSKERNELS_LIBRARY
+            HALIAX_KOKKOSCONTAINERS_LIBRARY HALIAX_OPENBLAS_LIBRARY)
+  if(NOT ${var})
+    message(FATAL_ERROR "haliax: ${var} not found. On Debian run scripts/setup-debian.sh "
+                        "(packages libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev), "
+                        "or point HALIAX_KOKKOS_ROOT at a Kokkos install.")
+  endif()
+endforeach()
+
+find_package(Threads REQUIRED)
+
+add_library(Kokkos::kokkos INTERFACE IMPORTED)
+set_target_properties(Kokkos::kokkos PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${HALIAX_KOKKOS_INCLUDE_DIR}"
+  INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${HALIAX_KOKKOS_INCLUDE_DIR}"
+  INTERFACE_LINK_LIBRARIES "${HALIAX_KOKKOSCONTAINERS_LIBRARY};${HALIAX_KOKKOSCORE_LIBRARY};Threads::Threads;${CMAKE_DL_LIBS}")
+
+add_library(Kokkos::kokkoskernels INTERFACE IMPORTED)
+set_target_properties(Kokkos::kokkoskernels PROPERTIES
+  INTERFACE_LINK_LIBRARIES "${HALIAX_OPENBLAS_LIBRARY};${HALIAX_KOKKOSKERNELS_LIBRARY};Kokkos::kokkos")
+
+message(STATUS "haliax: Kokkos headers ${HALIAX_KOKKOS_INCLUDE_DIR} (Debian Trilinos packaging, repaired targets)")

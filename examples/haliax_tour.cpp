@@ -1,0 +1,2 @@
+#include <haliax/haliax.hpp>
+int main() { return 0; }

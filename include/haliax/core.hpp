@@ -1,0 +1,463 @@
+// haliax/core.hpp: the named array, its run-time shape, and the Kokkos runtime it lives on.
+//
+//   named_array<float, axes<Batch, Embed>> x = haliax::zeros<float>(4 * Batch, 768 * Embed);
+//   x.size(Embed) == 768;  x.shape_string() == "{batch=4, embed=768}"
+//
+// An array is a shallow handle over a contiguous, row-major Kokkos View (order = the order of its axes)
+// plus the run-time sizes. Copying the handle shares the buffer, as a View does; ops return new arrays.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "axis.hpp"
+#include "bf16.hpp"
+#include "detail/axis_algebra.hpp"
+
+namespace haliax {
+
+using execution_space = Kokkos::DefaultExecutionSpace;
+using memory_space = execution_space::memory_space;
+
+/// Element types an array may hold.
+template <class T>
+concept Element = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> ||
+                  std::is_same_v<T, std::int32_t> || std::is_same_v<T, bool>;
+
+/// Floating element types (the ones with transcendental functions and gradients).
+template <class T>
+concept FloatElement = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>;
+
+/// Element types with arithmetic (+ - * /).
+template <class T>
+concept NumericElement = FloatElement<T> || std::is_same_v<T, std::int32_t>;
+
+/// The type arithmetic is done in: float for bf16, the type itself otherwise.
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, bf16>, float, T>;
+
+// ---------------------------------------------------------------------------------------------------------
+// Runtime
+
+/// Initialises Kokkos for the lifetime of the object (and finalises it after). Programs may create one in
+/// `main`; if none exists, the first allocation initialises Kokkos with default arguments.
+class runtime {
+ public:
+  runtime() : runtime(0, nullptr) {}
+  runtime(int argc, char** argv) {
+    if (!Kokkos::is_initialized()) {
+      Kokkos::initialize(argc, argv);
+      owner_ = true;
+    }
+  }
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+  ~runtime() {
+    if (owner_ && Kokkos::is_initialized()) Kokkos::finalize();
+  }
+
+ private:
+  bool owner_ = false;
+};
+
+namespace detail {
+inline void ensure_initialized() {
+  if (!Kokkos::is_initialized()) {
+    Kokkos::InitArguments args;
+    Kokkos::initialize(args);
+  }
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------------------
+// Errors
+
+/// Thrown when arrays that share an axis disagree on its size, or a size is impossible for an op.
+/// The message names the op and prints both shapes by axis name.
+class shape_error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Sharding descriptor
+
+/// Which named axes of an array are split over which mesh axis. Empty means replicated. Arrays carry one so
+/// that distribution can be added by the axis mapping without changing the core; single-process code never
+/// needs to touch it.
+struct sharding {
+  struct entry {
+    std::string axis;       // upstream axis name, e.g. "embed"
+    std::string mesh_axis;  // physical mesh axis, e.g. "data"
+  };
+  std::vector<entry> entries;
+  bool replicated() const { return entries.empty(); }
+  friend bool operator==(const sharding&, const sharding&) = default;
+};
+inline bool operator==(const sharding::entry& a, const sharding::entry& b) {
+  return a.axis == b.axis && a.mesh_axis == b.mesh_axis;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The array
+
+template <class T, class Axes>
+class named_array;
+
+namespace detail {
+template <class Axes>
+inline constexpr bool axes_unique_v = is_unique_v<to_list<Axes>>;
+
+template <class Axes>
+std::array<std::string_view, Axes::rank> axis_names() {
+  return []<class... Tag>(mp::mp_list<Tag...>) {
+    return std::array<std::string_view, sizeof...(Tag)>{Tag::name...};
+  }(to_list<Axes>{});
+}
+
+template <std::size_t N>
+std::string shape_string(const std::array<std::string_view, N>& names, const std::array<std::int64_t, N>& sizes) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < N; ++i) {
+    if (i) s += ", ";
+    s += names[i];
+    s += "=";
+    s += std::to_string(sizes[i]);
+  }
+  return s + "}";
+}
+}  // namespace detail
+
+/// A contiguous row-major array of `T` whose dimensions are the named axes `A...`, in that order.
+/// Duplicate axes are a compile error. Copying shares the buffer.
+template <class T, auto... A>
+class named_array<T, axes<A...>> {
+  static_assert(Element<T>, "haliax::named_array: element type must be float, double, bf16, int32_t or bool");
+  static_assert(detail::axes_unique_v<axes<A...>>, "haliax::named_array: an axis appears twice in the axis list");
+
+ public:
+  using value_type = T;
+  using axes_type = axes<A...>;
+  using view_type = Kokkos::View<T*, memory_space>;
+  static constexpr std::size_t rank = sizeof...(A);
+  using shape_type = std::array<std::int64_t, rank>;
+
+  /// An empty handle (no buffer); `valid()` is false.
+  named_array() = default;
+
+  /// Wraps an existing contiguous buffer. Throws if the buffer is smaller than the sizes need.
+  named_array(view_type data, shape_type sizes, haliax::sharding shard = {})
+      : data_(std::move(data)), sizes_(sizes), sharding_(std::move(shard)) {
+    for (auto s : sizes_)
+      if (s < 0) throw shape_error("haliax::named_array: negative axis size in " + shape_string());
+    if (static_cast<std::int64_t>(data_.extent(0)) < element_count())
+      throw shape_error("haliax::named_array: buffer of " + std::to_string(data_.extent(0)) +
+                        " elements is too small for " + shape_string());
+  }
+
+  /// Allocates an uninitialised array of the given sizes (one per axis, in axis order).
+  static named_array allocate(shape_type sizes, std::string_view label = "haliax::array") {
+    detail::ensure_initialized();
+    std::int64_t n = 1;
+    for (auto s : sizes) {
+      if (s < 0)
+        throw shape_error(std::string(label) + ": negative axis size in " +
+                          detail::shape_string(axis_names(), sizes));
+      n *= s;
+    }
+    view_type v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
+    return named_array(std::move(v), sizes);
+  }
+
+  bool valid() const { return data_.data() != nullptr || element_count() == 0; }
+
+  /// Number of elements (product of the sizes; 1 for a rank-0 array).
+  std::int64_t element_count() const {
+    std::int64_t n = 1;
+    for (auto s : sizes_) n *= s;
+    return n;
+  }
+
+  /// The run-time sizes, in axis order.
+  const shape_type& sizes() const { return sizes_; }
+
+  /// The size of one axis: `x.size(Embed)`.
+  template <AxisTag Ax>
+    requires detail::contains_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>>
+  std::int64_t size(Ax) const {
+    return sizes_[detail::index_of_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>>];
+  }
+
+  /// The axis with its size, for creating arrays shaped like this one: `x.sized(Embed)` is `768 * Embed`.
+  template <AxisTag Ax>
+    requires detail::contains_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>>
+  sized_axis<std::remove_cvref_t<Ax>> sized(Ax a) const {
+    return {size(a)};
+  }
+
+  /// Whether this array type has axis `Ax`.
+  template <AxisTag Ax>
+  static constexpr bool has_axis(Ax) {
+    return detail::contains_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>>;
+  }
+
+  /// Axis names in order (upstream string names).
+  static std::array<std::string_view, rank> axis_names() { return detail::axis_names<axes_type>(); }
+
+  /// `{batch=4, embed=768}`.
+  std::string shape_string() const { return detail::shape_string(axis_names(), sizes_); }
+
+  /// Raw pointer to the first element (device memory when Kokkos runs on a device).
+  T* data() const { return data_.data(); }
+  const view_type& view() const { return data_; }
+
+  const haliax::sharding& sharding() const { return sharding_; }
+  void set_sharding(haliax::sharding s) { sharding_ = std::move(s); }
+
+  /// Copies the elements to a host vector, row-major in axis order.
+  std::vector<T> to_host() const {
+    const auto n = static_cast<std::size_t>(element_count());
+    if constexpr (std::is_same_v<T, bool>) {
+      std::vector<unsigned char> bytes(n);
+      copy_to(reinterpret_cast<bool*>(bytes.data()), n);
+      return std::vector<bool>(bytes.begin(), bytes.end());
+    } else {
+      std::vector<T> out(n);
+      copy_to(out.data(), n);
+      return out;
+    }
+  }
+
+  /// The single element of a rank-0 array.
+  T item() const
+    requires(rank == 0)
+  {
+    return to_host()[0];
+  }
+
+ private:
+  view_type data_;
+  shape_type sizes_{};
+  haliax::sharding sharding_;
+
+  void copy_to(T* host_ptr, std::size_t n) const {
+    if (n == 0) return;
+    Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(host_ptr, n);
+    Kokkos::deep_copy(host, Kokkos::subview(data_, std::pair<std::size_t, std::size_t>(0, n)));
+  }
+};
+
+/// Any `named_array`.
+template <class T>
+inline constexpr bool is_named_array_v = false;
+template <class T, class Axes>
+inline constexpr bool is_named_array_v<named_array<T, Axes>> = true;
+template <class T>
+concept NamedArray = is_named_array_v<std::remove_cvref_t<T>>;
+
+/// `named_array<T, axes<...>>` from sized axes: the type `zeros<T>(s...)` returns.
+template <class T, class... S>
+using array_for = named_array<T, axes<typename std::remove_cvref_t<S>::axis_type{}...>>;
+
+namespace detail {
+
+/// Throws `shape_error` unless two shapes (axis lists AxA/AxB with sizes) agree on the axes they share.
+template <class AxA, class AxB, std::size_t NA, std::size_t NB>
+void check_shared_sizes_raw(std::string_view op, const std::array<std::int64_t, NA>& sa,
+                            const std::array<std::int64_t, NB>& sb) {
+  using LA = to_list<AxA>;
+  using LB = to_list<AxB>;
+  mp::mp_for_each<intersection<LA, LB>>([&]<class Tag>(Tag) {
+    constexpr auto ia = index_of_v<LA, Tag>;
+    constexpr auto ib = index_of_v<LB, Tag>;
+    if (sa[ia] != sb[ib]) {
+      throw shape_error(std::string(op) + ": axis '" + std::string(Tag::name) + "' has size " +
+                        std::to_string(sa[ia]) + " in " + shape_string(axis_names<AxA>(), sa) + " but " +
+                        std::to_string(sb[ib]) + " in " + shape_string(axis_names<AxB>(), sb));
+    }
+  });
+}
+
+/// Throws `shape_error` unless `a` and `b` agree on the sizes of the axes they share.
+template <class TA, class AxA, class TB, class AxB>
+void check_shared_sizes(std::string_view op, const named_array<TA, AxA>& a, const named_array<TB, AxB>& b) {
+  check_shared_sizes_raw<AxA, AxB>(op, a.sizes(), b.sizes());
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION T from_double(double v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v != 0.0;
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+template <class T, class Axes>
+void fill(const named_array<T, Axes>& x, T value) {
+  T* p = x.data();
+  Kokkos::parallel_for(
+      "haliax::fill", Kokkos::RangePolicy<execution_space>(0, x.element_count()),
+      KOKKOS_LAMBDA(std::int64_t i) { p[i] = value; });
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------------------
+// Creation
+
+/// An array of zeros: `zeros<float>(4 * Batch, 768 * Embed)`.
+template <Element T = float, SizedAxis... S>
+array_for<T, S...> zeros(S... s) {
+  auto x = array_for<T, S...>::allocate({s.size...}, "haliax::zeros");
+  detail::fill(x, detail::from_double<T>(0.0));
+  return x;
+}
+
+/// An array of ones.
+template <Element T = float, SizedAxis... S>
+array_for<T, S...> ones(S... s) {
+  auto x = array_for<T, S...>::allocate({s.size...}, "haliax::ones");
+  detail::fill(x, detail::from_double<T>(1.0));
+  return x;
+}
+
+/// An array filled with `value`.
+template <Element T = float, SizedAxis... S>
+array_for<T, S...> full(T value, S... s) {
+  auto x = array_for<T, S...>::allocate({s.size...}, "haliax::full");
+  detail::fill(x, value);
+  return x;
+}
+
+/// An uninitialised array (for outputs that are about to be overwritten).
+template <Element T = float, SizedAxis... S>
+array_for<T, S...> empty(S... s) {
+  return array_for<T, S...>::allocate({s.size...}, "haliax::empty");
+}
+
+/// Zeros with the axes and sizes of `x` (element type `U`, default the same).
+template <class U = void, class T, class Axes>
+auto zeros_like(const named_array<T, Axes>& x) {
+  using R = std::conditional_t<std::is_void_v<U>, T, U>;
+  auto r = named_array<R, Axes>::allocate(x.sizes(), "haliax::zeros_like");
+  detail::fill(r, detail::from_double<R>(0.0));
+  return r;
+}
+
+/// Ones with the axes and sizes of `x`.
+template <class U = void, class T, class Axes>
+auto ones_like(const named_array<T, Axes>& x) {
+  using R = std::conditional_t<std::is_void_v<U>, T, U>;
+  auto r = named_array<R, Axes>::allocate(x.sizes(), "haliax::ones_like");
+  detail::fill(r, detail::from_double<R>(1.0));
+  return r;
+}
+
+/// `value` everywhere, with the axes and sizes of `x`.
+template <class T, class Axes>
+named_array<T, Axes> full_like(const named_array<T, Axes>& x, T value) {
+  auto r = named_array<T, Axes>::allocate(x.sizes(), "haliax::full_like");
+  detail::fill(r, value);
+  return r;
+}
+
+/// An uninitialised array shaped like `x`.
+template <class U = void, class T, class Axes>
+auto empty_like(const named_array<T, Axes>& x) {
+  using R = std::conditional_t<std::is_void_v<U>, T, U>;
+  return named_array<R, Axes>::allocate(x.sizes(), "haliax::empty_like");
+}
+
+/// `start, start + step, ...` along one axis: `arange(10 * Pos)` is 0..9 as int32;
+/// `arange<float>(5 * X, 1.0f, 0.5f)` is 1, 1.5, ..., 3.
+template <Element T = std::int32_t, AxisTag A>
+named_array<T, axes<A{}>> arange(sized_axis<A> s, T start = T(0), T step = T(1)) {
+  auto x = named_array<T, axes<A{}>>::allocate({s.size}, "haliax::arange");
+  T* p = x.data();
+  Kokkos::parallel_for(
+      "haliax::arange", Kokkos::RangePolicy<execution_space>(0, s.size), KOKKOS_LAMBDA(std::int64_t i) {
+        p[i] = static_cast<T>(static_cast<compute_t<T>>(start) + static_cast<compute_t<T>>(i) * static_cast<compute_t<T>>(step));
+      });
+  return x;
+}
+
+/// An array holding a copy of host data given row-major in the order of the sized axes.
+/// Throws `shape_error` if the number of values does not match the sizes.
+template <Element T, SizedAxis... S>
+array_for<T, S...> from_host(std::span<const T> values, S... s) {
+  auto x = array_for<T, S...>::allocate({s.size...}, "haliax::from_host");
+  if (static_cast<std::int64_t>(values.size()) != x.element_count())
+    throw shape_error("haliax::from_host: " + std::to_string(values.size()) + " values given for " +
+                      x.shape_string() + " (" + std::to_string(x.element_count()) + " elements)");
+  if (!values.empty()) {
+    Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(values.data(),
+                                                                                           values.size());
+    Kokkos::deep_copy(x.view(), host);
+  }
+  return x;
+}
+
+template <Element T, SizedAxis... S>
+array_for<T, S...> from_host(const std::vector<T>& values, S... s) {
+  return from_host<T>(std::span<const T>(values.data(), values.size()), s...);
+}
+
+template <Element T, SizedAxis... S>
+array_for<T, S...> from_host(std::initializer_list<T> values, S... s) {
+  return from_host<T>(std::span<const T>(values.begin(), values.size()), s...);
+}
+
+/// Bool arrays from host `std::vector<bool>` (which has no contiguous storage).
+template <SizedAxis... S>
+array_for<bool, S...> from_host(const std::vector<bool>& values, S... s) {
+  std::unique_ptr<bool[]> tmp(new bool[values.size() + 1]);
+  for (std::size_t i = 0; i < values.size(); ++i) tmp[i] = values[i];
+  return from_host<bool>(std::span<const bool>(tmp.get(), values.size()), s...);
+}
+
+/// A rank-0 array holding `value`.
+template <Element T>
+named_array<T, axes<>> scalar(T value) {
+  return full<T>(value);
+}
+
+/// A deep copy (new buffer) of `x`.
+template <class T, class Axes>
+named_array<T, Axes> copy(const named_array<T, Axes>& x) {
+  auto r = named_array<T, Axes>::allocate(x.sizes(), "haliax::copy");
+  if (x.element_count() > 0) Kokkos::deep_copy(r.view(), x.view());
+  return r;
+}
+
+/// Element type conversion (float to bf16 rounds to nearest even): `astype<bf16>(x)`.
+template <Element U, class T, class Axes>
+named_array<U, Axes> astype(const named_array<T, Axes>& x) {
+  auto r = named_array<U, Axes>::allocate(x.sizes(), "haliax::astype");
+  const T* in = x.data();
+  U* out = r.data();
+  Kokkos::parallel_for(
+      "haliax::astype", Kokkos::RangePolicy<execution_space>(0, x.element_count()), KOKKOS_LAMBDA(std::int64_t i) {
+        if constexpr (std::is_same_v<U, bool>) {
+          out[i] = static_cast<compute_t<T>>(in[i]) != compute_t<T>(0);
+        } else if constexpr (std::is_same_v<U, bf16>) {
+          out[i] = bf16(static_cast<float>(static_cast<compute_t<T>>(in[i])));
+        } else {
+          out[i] = static_cast<U>(static_cast<compute_t<T>>(in[i]));
+        }
+      });
+  return r;
+}
+
+}  // namespace haliax

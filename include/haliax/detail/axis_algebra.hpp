@@ -1,0 +1,100 @@
+// Axis-list algebra on type lists (Boost.MP11). Private: nothing here appears in public type names.
+// Lists are mp_list<Tag...> of axis tag types; `axes<...>` converts to and from them at the edges.
+#pragma once
+
+#include <array>
+#include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/list.hpp>
+#include <boost/mp11/set.hpp>
+#include <cstddef>
+#include <type_traits>
+
+#include "../axis.hpp"
+
+namespace haliax::detail {
+
+namespace mp = boost::mp11;
+
+template <class Axes>
+struct to_list_impl;
+template <auto... A>
+struct to_list_impl<axes<A...>> {
+  using type = mp::mp_list<std::remove_cvref_t<decltype(A)>...>;
+};
+/// `axes<Batch, Embed>` -> mp_list<Batch-type, Embed-type>.
+template <class Axes>
+using to_list = typename to_list_impl<Axes>::type;
+
+template <class L>
+struct to_axes_impl;
+template <class... T>
+struct to_axes_impl<mp::mp_list<T...>> {
+  using type = axes<T{}...>;
+};
+/// mp_list of tag types -> `axes<...>`.
+template <class L>
+using to_axes = typename to_axes_impl<L>::type;
+
+template <class L, class T>
+inline constexpr bool contains_v = mp::mp_contains<L, T>::value;
+
+template <class L, class T>
+inline constexpr std::size_t index_of_v = mp::mp_find<L, T>::value;
+
+template <class L>
+inline constexpr bool is_unique_v = mp::mp_is_set<L>::value;
+
+template <class L2>
+struct in_list {
+  template <class T>
+  using fn = mp::mp_contains<L2, T>;
+};
+template <class L2>
+struct not_in_list {
+  template <class T>
+  using fn = mp::mp_not<mp::mp_contains<L2, T>>;
+};
+
+/// Elements of L1 (in L1's order) that are not in L2.
+template <class L1, class L2>
+using difference = mp::mp_copy_if_q<L1, not_in_list<L2>>;
+
+/// Elements of L1 (in L1's order) that are also in L2.
+template <class L1, class L2>
+using intersection = mp::mp_copy_if_q<L1, in_list<L2>>;
+
+/// L1 followed by the elements of L2 that are not in L1.
+template <class L1, class L2>
+using union_ = mp::mp_append<L1, difference<L2, L1>>;
+
+/// Every element of L1 is in L2.
+template <class L1, class L2>
+inline constexpr bool subset_v = mp::mp_all_of_q<L1, in_list<L2>>::value;
+
+template <class L1, class L2>
+inline constexpr bool same_set_v = subset_v<L1, L2> && subset_v<L2, L1> && mp::mp_size<L1>::value == mp::mp_size<L2>::value;
+
+template <class L1, class L2>
+inline constexpr bool disjoint_v = mp::mp_empty<intersection<L1, L2>>::value;
+
+/// L with Old replaced by New.
+template <class L, class Old, class New>
+using replace = mp::mp_replace<L, Old, New>;
+
+template <class From, class To>
+struct positions_impl;
+template <class From, class... T>
+struct positions_impl<From, mp::mp_list<T...>> {
+  static constexpr std::array<int, sizeof...(T)> value{static_cast<int>(index_of_v<From, T>)...};
+};
+/// For each element of To, its position in From (as an array of ints).
+template <class From, class To>
+inline constexpr auto positions_v = positions_impl<From, To>::value;
+
+/// Whether every element of L is an axis tag.
+template <class L>
+struct all_tags;
+template <class... T>
+struct all_tags<mp::mp_list<T...>> : std::bool_constant<(AxisTag<T> && ...)> {};
+
+}  // namespace haliax::detail

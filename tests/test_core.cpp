@@ -1,0 +1,81 @@
+// Tests for haliax/core.hpp: creation, shapes, host copies, bf16, errors.
+#include <doctest/doctest.h>
+
+#include "test_axes.hpp"
+
+using namespace test_axes;
+namespace hax = haliax;
+
+TEST_CASE("zeros, ones, full and sizes by name") {
+  auto x = hax::zeros<float>(3 * Batch, 4 * Embed);
+  static_assert(std::is_same_v<decltype(x), hax::named_array<float, hax::axes<Batch, Embed>>>);
+  CHECK(x.size(Batch) == 3);
+  CHECK(x.size(Embed) == 4);
+  CHECK(x.element_count() == 12);
+  CHECK(x.shape_string() == "{batch=3, embed=4}");
+  for (float v : x.to_host()) CHECK(v == 0.0f);
+  for (float v : hax::ones<float>(2 * X).to_host()) CHECK(v == 1.0f);
+  for (int v : hax::full<std::int32_t>(7, 5 * Y).to_host()) CHECK(v == 7);
+  auto s = hax::scalar(2.5);
+  static_assert(decltype(s)::rank == 0);
+  CHECK(s.item() == 2.5);
+}
+
+TEST_CASE("*_like keep axes and sizes") {
+  auto x = hax::full<float>(3.0f, 2 * X, 5 * Y);
+  auto z = hax::zeros_like(x);
+  auto o = hax::ones_like<std::int32_t>(x);
+  auto f = hax::full_like(x, -1.0f);
+  CHECK(z.sizes() == x.sizes());
+  static_assert(std::is_same_v<decltype(o), hax::named_array<std::int32_t, hax::axes<X, Y>>>);
+  for (auto v : o.to_host()) CHECK(v == 1);
+  for (auto v : f.to_host()) CHECK(v == -1.0f);
+  for (auto v : z.to_host()) CHECK(v == 0.0f);
+}
+
+TEST_CASE("arange and from_host round trip") {
+  auto a = hax::arange(5 * Pos);
+  CHECK(a.to_host() == std::vector<std::int32_t>{0, 1, 2, 3, 4});
+  auto b = hax::arange<float>(4 * X, 1.0f, 0.5f);
+  CHECK(b.to_host() == std::vector<float>{1.0f, 1.5f, 2.0f, 2.5f});
+  std::vector<double> data{1, 2, 3, 4, 5, 6};
+  auto c = hax::from_host(data, 2 * X, 3 * Y);
+  CHECK(c.to_host() == data);
+  CHECK_THROWS_AS(hax::from_host(data, 4 * X), hax::shape_error);
+}
+
+TEST_CASE("handles share buffers; copy makes a new one") {
+  auto x = hax::zeros<float>(3 * X);
+  auto y = x;
+  auto z = hax::copy(x);
+  CHECK(y.data() == x.data());
+  CHECK(z.data() != x.data());
+  CHECK(z.to_host() == x.to_host());
+}
+
+TEST_CASE("bf16 rounds to nearest even") {
+  CHECK(hax::bf16(1.0f).bits == 0x3f80);
+  // 1 + 2^-8 is halfway between bf16 1.0 and the next value: ties to even (1.0).
+  CHECK(hax::bf16(1.0f + 1.0f / 256).bits == 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1+2^-7 (odd mantissa) and 1+2^-6: ties to even (up).
+  CHECK(hax::bf16(1.0f + 3.0f / 256).bits == 0x3f82);
+  CHECK(hax::bf16(1.0f + 1.0f / 256 + 1.0f / 65536).bits == 0x3f81);
+  CHECK(std::isnan(float(hax::bf16(std::nanf("")))));
+  CHECK(float(hax::bf16(-2.5f)) == -2.5f);
+  auto x = hax::astype<hax::bf16>(hax::from_host<float>({1.0f, 3.14159f}, 2 * X));
+  auto back = hax::astype<float>(x).to_host();
+  CHECK(back[0] == 1.0f);
+  CHECK(back[1] == doctest::Approx(3.140625f));
+}
+
+TEST_CASE("sharding descriptor defaults to replicated") {
+  auto x = hax::zeros<float>(4 * Embed);
+  CHECK(x.sharding().replicated());
+  x.set_sharding({{{"embed", "data"}}});
+  CHECK_FALSE(x.sharding().replicated());
+  CHECK(x.sharding().entries[0].mesh_axis == "data");
+}
+
+TEST_CASE("a negative size is rejected with the shape") {
+  CHECK_THROWS_WITH_AS(hax::zeros<float>(-1 * X), doctest::Contains("{x=-1}"), hax::shape_error);
+}
