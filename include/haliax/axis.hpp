@@ -74,6 +74,11 @@ constexpr std::string_view axis_name(A) {
   return std::remove_cvref_t<A>::name;
 }
 
+/// Stands for "all other axes, in their current order" in a partial order such as
+/// `rearrange<axes<Batch, ellipsis, Embed>>(x)` or a `dot` output order. It is not an axis of any array.
+inline constexpr struct ellipsis final : axis<"..."> {
+} ellipsis;
+
 /// An ordered list of axis tags, written with the tag objects: `axes<Batch, Pos, Embed>`.
 /// This is the axis part of every array type; it carries no sizes.
 template <auto... A>

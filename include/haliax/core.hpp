@@ -258,6 +258,10 @@ class named_array<T, axes<A...>> {
   }
 };
 
+/// `Ax` is one of the axes in the list `Axes` (e.g. `AxisOf<Embed, axes<Batch, Embed>>`).
+template <class Ax, class Axes>
+concept AxisOf = AxisTag<Ax> && detail::contains_v<detail::to_list<Axes>, std::remove_cvref_t<Ax>>;
+
 /// Any `named_array`.
 template <class T>
 inline constexpr bool is_named_array_v = false;
@@ -268,7 +272,7 @@ concept NamedArray = is_named_array_v<std::remove_cvref_t<T>>;
 
 /// `named_array<T, axes<...>>` from sized axes: the type `zeros<T>(s...)` returns.
 template <class T, class... S>
-using array_for = named_array<T, axes<typename std::remove_cvref_t<S>::axis_type{}...>>;
+using array_for = named_array<T, detail::to_axes<detail::mp::mp_list<typename std::remove_cvref_t<S>::axis_type...>>>;
 
 namespace detail {
 

@@ -5,3 +5,7 @@
 #include "bf16.hpp"
 #include "core.hpp"
 #include "ops/elementwise.hpp"
+#include "ops/reduction.hpp"
+#include "ops/dot.hpp"
+#include "ops/layout.hpp"
+#include "ops/indexing.hpp"

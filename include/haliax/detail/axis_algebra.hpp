@@ -91,6 +91,30 @@ struct positions_impl<From, mp::mp_list<T...>> {
 template <class From, class To>
 inline constexpr auto positions_v = positions_impl<From, To>::value;
 
+/// Resolves a partial order `Spec` (which may hold one `ellipsis`) against the full list `Full`: the named
+/// elements go where the spec puts them and the ellipsis stands for the rest, in Full's order. Without an
+/// ellipsis the spec must name every element of Full.
+template <class Full, class Spec, class = void>
+struct resolve_order_impl {
+  using type = Spec;
+};
+template <class Full, class Spec>
+struct resolve_order_impl<Full, Spec, std::enable_if_t<mp::mp_contains<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value>> {
+  static constexpr std::size_t pos = mp::mp_find<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value;
+  using before = mp::mp_take_c<Spec, pos>;
+  using after = mp::mp_drop_c<Spec, pos + 1>;
+  using rest = difference<Full, mp::mp_append<before, after>>;
+  using type = mp::mp_append<before, rest, after>;
+};
+template <class Full, class Spec>
+using resolve_order = typename resolve_order_impl<Full, Spec>::type;
+
+/// `Spec` (with at most one ellipsis) is a valid partial order for `Full`.
+template <class Full, class Spec>
+inline constexpr bool valid_order_v =
+    mp::mp_count<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value <= 1 && is_unique_v<Spec> &&
+    same_set_v<resolve_order<Full, Spec>, Full>;
+
 /// Whether every element of L is an axis tag.
 template <class L>
 struct all_tags;

@@ -83,6 +83,7 @@ KOKKOS_FORCEINLINE_FUNCTION double fadd(double a, double b) {
 KOKKOS_FORCEINLINE_FUNCTION float fsub(float a, float b) { return fadd(a, -b); }
 KOKKOS_FORCEINLINE_FUNCTION double fsub(double a, double b) { return fadd(a, -b); }
 KOKKOS_FORCEINLINE_FUNCTION float ffma(float a, float b, float c) { return ::fmaf(a, b, c); }
+KOKKOS_FORCEINLINE_FUNCTION double ffma(double a, double b, double c) { return ::fma(a, b, c); }
 
 KOKKOS_FORCEINLINE_FUNCTION float f32_from_bits(std::uint32_t u) {
   float f;
@@ -152,19 +153,18 @@ KOKKOS_INLINE_FUNCTION float xla_log_f32(float v) {
   const float x = fadd(fadd(m, -1.0f), small ? m : 0.0f);
   const float x2 = fmul(x, x);
   const float x3 = fmul(x2, x);
-  float y0 = fadd(fmul(x, 0x1.204376p-4f), -0x1.d7a370p-4f);
-  float y1 = fadd(fmul(x, -0x1.fcba9ep-4f), 0x1.23d37ep-3f);
-  float y2 = fadd(fmul(x, 0x1.999d58p-3f), -0x1.fffff8p-3f);
-  y0 = fadd(fmul(y0, x), 0x1.de4a34p-4f);
-  y1 = fadd(fmul(y1, x), -0x1.555ca0p-3f);
-  y2 = fadd(fmul(y2, x), 0x1.555554p-2f);
-  float y = fadd(y1, fmul(y0, x3));
-  y = fadd(y2, fmul(y, x3));
-  y = fmul(y, x3);
-  y = fadd(y, fmul(e, -0x1.bd0106p-13f));
-  float r = fsub(x, fmul(x2, 0.5f));
+  float y0 = ffma(x, 0x1.204376p-4f, -0x1.d7a370p-4f);
+  float y1 = ffma(x, -0x1.fcba9ep-4f, 0x1.23d37ep-3f);
+  float y2 = ffma(x, 0x1.999d58p-3f, -0x1.fffff8p-3f);
+  y0 = ffma(y0, x, 0x1.de4a34p-4f);
+  y1 = ffma(y1, x, -0x1.555ca0p-3f);
+  y2 = ffma(y2, x, 0x1.555554p-2f);
+  float y = ffma(y0, x3, y1);
+  y = ffma(y, x3, y2);
+  y = ffma(y, x3, fmul(e, -0x1.bd0106p-13f));
+  float r = ffma(-x2, 0.5f, x);
   r = fadd(r, y);
-  r = fadd(r, fmul(e, 0x1.630000p-1f));
+  r = ffma(e, 0x1.630000p-1f, r);
   // Special values, selected bitwise as XLA does.
   if (v == 0.0f) return f32_from_bits(0xFF800000u);              // -inf
   if (v == f32_from_bits(0x7F800000u)) return v;                 // +inf
@@ -185,11 +185,11 @@ KOKKOS_INLINE_FUNCTION float xla_log1p_f32(float x) {
   float q = den[0];
   float p = num[0];
   for (int k = 1; k < 7; ++k) {
-    q = fadd(fmul(q, x), den[k]);
-    p = fadd(fmul(p, x), num[k]);
+    q = ffma(q, x, den[k]);
+    p = ffma(p, x, num[k]);
   }
   const float ratio = p / q;
-  const float y = fadd(fmul(x2, -0.5f), fmul(fmul(x, x2), ratio));
+  const float y = ffma(x2, -0.5f, fmul(fmul(x, x2), ratio));
   return fadd(x, y);
 }
 
@@ -228,7 +228,7 @@ KOKKOS_INLINE_FUNCTION float xla_erfinv_f32(float u) {
   const float* c = central ? lt : ge;
   const float t = central ? fadd(w, -2.5f) : fadd(::sqrtf(w), -3.0f);
   float p = c[0];
-  for (int k = 1; k < 9; ++k) p = fadd(c[k], fmul(p, t));
+  for (int k = 1; k < 9; ++k) p = ffma(p, t, c[k]);
   const float au = u < 0.0f ? -u : u;
   return au == 1.0f ? fmul(u, f32_from_bits(0x7F800000u)) : fmul(p, u);
 }
@@ -239,13 +239,13 @@ KOKKOS_INLINE_FUNCTION float xla_erfinv_f32(float u) {
 /// jax.random.uniform float32: mantissa trick then affine map, clamped below.
 KOKKOS_INLINE_FUNCTION float uniform_f32(std::uint32_t bits, float minval, float maxval) {
   const float f = fadd(f32_from_bits((bits >> 9) | 0x3F800000u), -1.0f);
-  return xla_max(minval, fadd(fmul(f, fsub(maxval, minval)), minval));
+  return xla_max(minval, ffma(f, fsub(maxval, minval), minval));
 }
 
 /// jax.random.uniform float64 (x64 mode, 64 random bits per value).
 KOKKOS_INLINE_FUNCTION double uniform_f64(std::uint64_t bits, double minval, double maxval) {
   const double f = fadd(f64_from_bits((bits >> 12) | 0x3FF0000000000000ull), -1.0);
-  return xla_max(minval, fadd(fmul(f, fsub(maxval, minval)), minval));
+  return xla_max(minval, ffma(f, fsub(maxval, minval), minval));
 }
 
 /// jax.random.normal float32: sqrt(2) * erfinv(uniform(nextafter(-1, 0), 1)).

@@ -247,7 +247,7 @@ struct bind_scalar {
 #define HALIAX_DEFINE_UNARY(NAME, CONSTRAINT)                                                            \
   /** Elementwise NAME; keeps every axis. */                                                             \
   template <CONSTRAINT T, class Axes>                                                                    \
-  named_array<detail::unary_result_t<detail::NAME##_fn, T>, Axes> NAME(const named_array<T, Axes>& x) {  \
+  auto NAME(const named_array<T, Axes>& x) {                                                             \
     return detail::map<detail::unary_result_t<detail::NAME##_fn, T>>("haliax::" #NAME, x, detail::NAME##_fn{}); \
   }
 HALIAX_DEFINE_UNARY(abs, NumericElement)
@@ -304,21 +304,20 @@ named_array<bool, Axes> operator!(const named_array<bool, Axes>& x) {
   /** Elementwise NAME with broadcasting by axis name: one operand's axes must contain the other's. */      \
   template <CONSTRAINT T, class AxA, class AxB>                                                               \
     requires BroadcastCompatible<AxA, AxB>                                                                    \
-  named_array<detail::binary_result_t<detail::NAME##_fn, T>, broadcast_axes_t<AxA, AxB>> NAME(                \
-      const named_array<T, AxA>& a, const named_array<T, AxB>& b) {                                           \
+  auto NAME(const named_array<T, AxA>& a, const named_array<T, AxB>& b) {                                     \
     return detail::zip<detail::binary_result_t<detail::NAME##_fn, T>, broadcast_axes_t<AxA, AxB>>(            \
         "haliax::" #NAME, a, b, detail::NAME##_fn{});                                                         \
   }                                                                                                           \
   /** Elementwise NAME of an array and a scalar. */                                                           \
   template <CONSTRAINT T, class Axes, Scalar S>                                                               \
-  named_array<detail::binary_result_t<detail::NAME##_fn, T>, Axes> NAME(const named_array<T, Axes>& a, S s) { \
+  auto NAME(const named_array<T, Axes>& a, S s) {                                                             \
     using V = compute_t<T>;                                                                                   \
     return detail::map<detail::binary_result_t<detail::NAME##_fn, T>>(                                       \
         "haliax::" #NAME, a, detail::bind_scalar<detail::NAME##_fn, V, false>{{}, static_cast<V>(s)});        \
   }                                                                                                           \
   /** Elementwise NAME of a scalar and an array. */                                                           \
   template <CONSTRAINT T, class Axes, Scalar S>                                                               \
-  named_array<detail::binary_result_t<detail::NAME##_fn, T>, Axes> NAME(S s, const named_array<T, Axes>& a) { \
+  auto NAME(S s, const named_array<T, Axes>& a) {                                                             \
     using V = compute_t<T>;                                                                                   \
     return detail::map<detail::binary_result_t<detail::NAME##_fn, T>>(                                       \
         "haliax::" #NAME, a, detail::bind_scalar<detail::NAME##_fn, V, true>{{}, static_cast<V>(s)});         \
@@ -345,8 +344,7 @@ HALIAX_DEFINE_BINARY(greater_equal, NumericElement)
 #define HALIAX_DEFINE_LOGICAL(NAME)                                                                            \
   template <class AxA, class AxB>                                                                              \
     requires BroadcastCompatible<AxA, AxB>                                                                     \
-  named_array<bool, broadcast_axes_t<AxA, AxB>> NAME(const named_array<bool, AxA>& a,                          \
-                                                     const named_array<bool, AxB>& b) {                        \
+  auto NAME(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) {                                \
     return detail::zip<bool, broadcast_axes_t<AxA, AxB>>("haliax::" #NAME, a, b, detail::NAME##_fn{});         \
   }
 HALIAX_DEFINE_LOGICAL(logical_and)
@@ -411,7 +409,7 @@ template <class T, auto... A, SizedAxis... S>
   requires(sizeof...(S) > 0 && detail::disjoint_v<detail::mp::mp_list<typename S::axis_type...>,
                                                   detail::to_list<axes<A...>>>)
 auto broadcast_axis(const named_array<T, axes<A...>>& x, S... s) {
-  using AxR = axes<typename S::axis_type{}..., A...>;
+  using AxR = detail::to_axes<detail::mp::mp_list<typename S::axis_type..., std::remove_cvref_t<decltype(A)>...>>;
   std::array<std::int64_t, AxR::rank> rsizes;
   std::size_t i = 0;
   for (auto n : {s.size...}) rsizes[i++] = n;
@@ -443,9 +441,7 @@ struct where_fn {
 /// axes must contain the other two's). `x` or `y` may be a scalar.
 template <class AxC, class T, class AxX, class AxY>
   requires detail::Broadcast3<AxC, AxX, AxY>
-named_array<T, detail::broadcast3_axes_t<AxC, AxX, AxY>> where(const named_array<bool, AxC>& cond,
-                                                                const named_array<T, AxX>& x,
-                                                                const named_array<T, AxY>& y) {
+auto where(const named_array<bool, AxC>& cond, const named_array<T, AxX>& x, const named_array<T, AxY>& y) {
   using AxR = detail::broadcast3_axes_t<AxC, AxX, AxY>;
   detail::check_shared_sizes("haliax::where", cond, x);
   detail::check_shared_sizes("haliax::where", cond, y);

@@ -1,0 +1,802 @@
+// haliax/nn/functions.hpp: neural-network functions on named arrays (upstream `haliax.nn`): softmax,
+// log_softmax, logsumexp, standardize, one_hot, and the activations.
+//
+//   auto p = haliax::nn::softmax(logits, Vocab);      // {batch, pos, vocab} -> same axes, rows sum to 1
+//   auto h = haliax::nn::gelu(x);                     // tanh approximation, as upstream's default
+//
+// Axis-wise ops (softmax, log_softmax, logsumexp, standardize) are fused kernels: one pass for the row
+// statistic (max or mean), one for the second (sum of exp or variance), one that writes. When the axis is the
+// innermost one each row is contiguous; otherwise a block of neighbouring inner positions walks the axis
+// together, so every step reads whole cache lines.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../core.hpp"
+#include "../detail/math.hpp"
+#include "../ops/elementwise.hpp"
+
+namespace haliax::nn {
+
+namespace detail {
+
+namespace mp = haliax::detail::mp;
+
+template <class Axes, class A>
+inline constexpr bool has_axis_v = haliax::detail::contains_v<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>;
+
+/// Axes with A removed.
+template <class Axes, class A>
+using without_t =
+    haliax::detail::to_axes<mp::mp_remove<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>>;
+
+/// Axes with A appended last.
+template <class Axes, class A>
+using with_last_t =
+    haliax::detail::to_axes<mp::mp_push_back<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>>;
+
+// ---------------------------------------------------------------------------------------------------------
+// Scalar helpers usable in kernels
+
+/// exp for float without libm: exp(x) = 2^n * e^r with n = round(x / ln 2), |r| <= ln2 / 2, and e^r from the
+/// Cephes expf polynomial (max error about 1.4 ulp). It has no branches and no float selects: gcc without
+/// -fno-trapping-math refuses to if-convert a select whose arms hold float arithmetic (and sinks the
+/// arithmetic into a branch otherwise), so the clamps are done on integer bits and the special cases fall
+/// out of the scaling. Results below FLT_MIN are flushed to 0 (exp(x) for x < about -87.7), which also keeps
+/// masked (-inf, -1e9) entries off the slow denormal path; above FLT_MAX it gives +inf; NaN stays NaN.
+KOKKOS_INLINE_FUNCTION float exp_f32(float x) {
+  std::uint32_t xb;
+  std::memcpy(&xb, &x, sizeof xb);
+  // |x| in (200, inf] becomes +-200 (sign kept): the rounding trick below needs |x / ln 2| < 2^22.
+  constexpr std::uint32_t lim = 0x43480000u;  // 200.0f
+  const std::uint32_t ab = xb & 0x7FFFFFFFu;
+  const bool big = ab - (lim + 1u) < 0x7F800000u - lim;
+  const std::uint32_t cb = big ? ((xb & 0x80000000u) | lim) : xb;
+  float xc;
+  std::memcpy(&xc, &cb, sizeof xc);
+  constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
+  const float tn = xc * 1.44269504088896341f + round_magic;
+  const float n = tn - round_magic;
+  float r = xc - n * 0.693359375f;  // ln 2 split in two so that n * ln2_hi is exact
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  std::uint32_t tb;
+  std::memcpy(&tb, &tn, sizeof tb);
+  std::int32_t ni = static_cast<std::int32_t>(tb - 0x4B400000u);
+  // 2^n as s1 * s2: s1 = 2^min(n, 127) is exactly 0 for n <= -127 (underflow), s2 carries n above 127 so
+  // the product overflows to inf.
+  ni = ni < -127 ? -127 : ni;
+  ni = ni > 254 ? 254 : ni;
+  const std::int32_t n1 = ni < 127 ? ni : 127;
+  const std::uint32_t b1 = static_cast<std::uint32_t>(n1 + 127) << 23;
+  const std::uint32_t b2 = static_cast<std::uint32_t>(ni - n1 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, sizeof s1);
+  std::memcpy(&s2, &b2, sizeof s2);
+  return p * s1 * s2;
+}
+
+/// exp in the compute type: the vectorisable one for float, the library one for double.
+template <class V>
+KOKKOS_INLINE_FUNCTION V fast_exp(V x) {
+  if constexpr (std::is_same_v<V, float>) {
+    return exp_f32(x);
+  } else {
+    return haliax::detail::math::exp(x);
+  }
+}
+
+template <class V>
+KOKKOS_INLINE_FUNCTION V neg_inf() {
+  return -std::numeric_limits<V>::infinity();
+}
+
+/// The shift used before exponentiating: the max, or 0 when the max is not finite (as upstream logsumexp),
+/// so an all -inf row gives exp(-inf) = 0 rather than NaN from -inf - -inf.
+template <class V>
+KOKKOS_INLINE_FUNCTION V safe_shift(V m) {
+  return haliax::detail::math::isfinite(m) ? m : V(0);
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION compute_t<T> ld(const T* p, std::int64_t i) {
+  return static_cast<compute_t<T>>(p[i]);
+}
+
+template <class T, class V>
+KOKKOS_INLINE_FUNCTION void st(T* p, std::int64_t i, V v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    p[i] = bf16(static_cast<float>(v));
+  } else {
+    p[i] = static_cast<T>(v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Contiguous rows (the reduced axis is innermost). Float accumulation runs in `lanes` independent
+// accumulators so the loops vectorise without reassociation flags and the sums stay accurate.
+
+template <class V>
+inline constexpr int lanes = 64 / static_cast<int>(sizeof(V));
+
+template <class T>
+KOKKOS_INLINE_FUNCTION compute_t<T> row_max(const T* x, std::int64_t n) {
+  using V = compute_t<T>;
+  constexpr int L = lanes<V>;
+  V m[L];
+  for (int k = 0; k < L; ++k) m[k] = neg_inf<V>();
+  std::int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    const T* p = x + j;
+    for (int k = 0; k < L; ++k) {
+      const V v = ld(p, k);
+      m[k] = v > m[k] ? v : m[k];
+    }
+  }
+  for (; j < n; ++j) {
+    const V v = ld(x, j);
+    m[0] = v > m[0] ? v : m[0];
+  }
+  V r = m[0];
+  for (int k = 1; k < L; ++k) r = m[k] > r ? m[k] : r;
+  return r;
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION compute_t<T> row_sum(const T* x, std::int64_t n) {
+  using V = compute_t<T>;
+  constexpr int L = lanes<V>;
+  V s[L];
+  for (int k = 0; k < L; ++k) s[k] = V(0);
+  std::int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    const T* p = x + j;
+    for (int k = 0; k < L; ++k) s[k] += ld(p, k);
+  }
+  for (; j < n; ++j) s[0] += ld(x, j);
+  V r = V(0);
+  for (int k = 0; k < L; ++k) r += s[k];
+  return r;
+}
+
+/// sum_j (x_j - mean)^2.
+template <class T>
+KOKKOS_INLINE_FUNCTION compute_t<T> row_sum_sq_dev(const T* x, std::int64_t n, compute_t<T> mean) {
+  using V = compute_t<T>;
+  constexpr int L = lanes<V>;
+  V s[L];
+  for (int k = 0; k < L; ++k) s[k] = V(0);
+  std::int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    const T* p = x + j;
+    for (int k = 0; k < L; ++k) {
+      const V d = ld(p, k) - mean;
+      s[k] += d * d;
+    }
+  }
+  for (; j < n; ++j) {
+    const V d = ld(x, j) - mean;
+    s[0] += d * d;
+  }
+  V r = V(0);
+  for (int k = 0; k < L; ++k) r += s[k];
+  return r;
+}
+
+/// sum_j exp(x_j - m); when `y` is non-null also stores each exp(x_j - m) there (same element type as x).
+template <class T>
+KOKKOS_INLINE_FUNCTION compute_t<T> row_sum_exp(const T* x, T* y, std::int64_t n, compute_t<T> m) {
+  using V = compute_t<T>;
+  constexpr int L = lanes<V> / 2;  // the exp body needs registers: half a cache line of lanes is enough
+  V s[L];
+  for (int k = 0; k < L; ++k) s[k] = V(0);
+  std::int64_t j = 0;
+  if (y) {
+    for (; j + L <= n; j += L) {
+      const T* p = x + j;
+      T* q = y + j;
+      V v[L];  // every load before any store: no aliasing question for the vectoriser
+      for (int k = 0; k < L; ++k) v[k] = ld(p, k);
+      for (int k = 0; k < L; ++k) {
+        const V e = fast_exp(v[k] - m);
+        st(q, k, e);
+        s[k] += e;
+      }
+    }
+    for (; j < n; ++j) {
+      const V e = fast_exp(ld(x, j) - m);
+      st(y, j, e);
+      s[0] += e;
+    }
+  } else {
+    for (; j + L <= n; j += L) {
+      const T* p = x + j;
+      for (int k = 0; k < L; ++k) s[k] += fast_exp(ld(p, k) - m);
+    }
+    for (; j < n; ++j) s[0] += fast_exp(ld(x, j) - m);
+  }
+  V r = V(0);
+  for (int k = 0; k < L; ++k) r += s[k];
+  return r;
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION void softmax_row(const T* x, T* y, std::int64_t n) {
+  using V = compute_t<T>;
+  const V m = safe_shift(row_max(x, n));
+  // Where y holds values exactly (float, double) the exps are written in the sum pass and rescaled in
+  // place, so exp runs once per element; for bf16 they are recomputed to avoid rounding twice.
+  constexpr bool store_exp = std::is_same_v<T, V>;
+  const V s = row_sum_exp<T>(x, store_exp ? y : nullptr, n, m);
+  const V inv = V(1) / s;
+  if constexpr (store_exp) {
+    for (std::int64_t j = 0; j < n; ++j) y[j] *= inv;
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) st(y, j, fast_exp(ld(x, j) - m) * inv);
+  }
+}
+
+template <class T>
+KOKKOS_INLINE_FUNCTION void log_softmax_row(const T* x, T* y, std::int64_t n) {
+  using V = compute_t<T>;
+  const V m = safe_shift(row_max(x, n));
+  const V shift = m + haliax::detail::math::log(row_sum_exp<T>(x, nullptr, n, m));
+  for (std::int64_t j = 0; j < n; ++j) st(y, j, ld(x, j) - shift);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Strided rows (the axis is not innermost): element (o, j, i) is at (o * n + j) * inner + i. A work item
+// takes `b` <= B neighbouring inner positions and walks j for all of them at once.
+
+/// Inner positions per work item: a few cache lines on the host; one per thread on a device, where
+/// neighbouring threads already read neighbouring addresses.
+inline constexpr int block_width = std::is_same_v<haliax::memory_space, Kokkos::HostSpace> ? 32 : 1;
+
+struct axis_split {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+
+template <class Axes, class A, std::size_t N>
+axis_split split_at(const std::array<std::int64_t, N>& sizes) {
+  constexpr std::size_t k = haliax::detail::index_of_v<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>;
+  axis_split s;
+  s.n = sizes[k];
+  for (std::size_t i = 0; i < k; ++i) s.outer *= sizes[i];
+  for (std::size_t i = k + 1; i < N; ++i) s.inner *= sizes[i];
+  return s;
+}
+
+enum class axis_op { softmax, log_softmax, logsumexp, standardize };
+
+/// The strided kernel body for one block: `x` and `y` point at position (o, 0, i0); `out` is the reduced
+/// output at (o, i0) for logsumexp. `param` is epsilon for standardize.
+template <axis_op Op, class T, class V>
+KOKKOS_INLINE_FUNCTION void block_row(const T* x, T* y, T* out, std::int64_t n, std::int64_t inner, int b,
+                                      V param) {
+  constexpr int B = block_width;
+  V a[B], s[B];
+  if constexpr (Op == axis_op::standardize) {
+    for (int t = 0; t < b; ++t) a[t] = V(0);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = x + j * inner;
+      for (int t = 0; t < b; ++t) a[t] += ld(p, t);
+    }
+    for (int t = 0; t < b; ++t) {
+      a[t] = a[t] / static_cast<V>(n);
+      s[t] = V(0);
+    }
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = x + j * inner;
+      for (int t = 0; t < b; ++t) {
+        const V d = ld(p, t) - a[t];
+        s[t] += d * d;
+      }
+    }
+    for (int t = 0; t < b; ++t) s[t] = V(1) / haliax::detail::math::sqrt(s[t] / static_cast<V>(n) + param);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = x + j * inner;
+      T* q = y + j * inner;
+      for (int t = 0; t < b; ++t) st(q, t, (ld(p, t) - a[t]) * s[t]);
+    }
+  } else {
+    for (int t = 0; t < b; ++t) {
+      a[t] = neg_inf<V>();
+      s[t] = V(0);
+    }
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = x + j * inner;
+      for (int t = 0; t < b; ++t) {
+        const V v = ld(p, t);
+        a[t] = v > a[t] ? v : a[t];
+      }
+    }
+    for (int t = 0; t < b; ++t) a[t] = safe_shift(a[t]);
+    constexpr bool store_exp = Op == axis_op::softmax && std::is_same_v<T, V>;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = x + j * inner;
+      if constexpr (store_exp) {
+        T* q = y + j * inner;
+        for (int t = 0; t < b; ++t) {
+          const V e = fast_exp(ld(p, t) - a[t]);
+          q[t] = e;
+          s[t] += e;
+        }
+      } else {
+        for (int t = 0; t < b; ++t) s[t] += fast_exp(ld(p, t) - a[t]);
+      }
+    }
+    if constexpr (Op == axis_op::logsumexp) {
+      for (int t = 0; t < b; ++t) st(out, t, a[t] + haliax::detail::math::log(s[t]));
+    } else if constexpr (Op == axis_op::log_softmax) {
+      for (int t = 0; t < b; ++t) s[t] = a[t] + haliax::detail::math::log(s[t]);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const T* p = x + j * inner;
+        T* q = y + j * inner;
+        for (int t = 0; t < b; ++t) st(q, t, ld(p, t) - s[t]);
+      }
+    } else {
+      for (int t = 0; t < b; ++t) s[t] = V(1) / s[t];
+      for (std::int64_t j = 0; j < n; ++j) {
+        const T* p = x + j * inner;
+        T* q = y + j * inner;
+        if constexpr (store_exp) {
+          for (int t = 0; t < b; ++t) q[t] *= s[t];
+        } else {
+          for (int t = 0; t < b; ++t) st(q, t, fast_exp(ld(p, t) - a[t]) * s[t]);
+        }
+      }
+    }
+  }
+}
+
+/// Runs an axis-wise op over x (split into outer x n x inner). `y` has x's shape (unused for logsumexp);
+/// `out` has shape outer x inner (logsumexp only).
+template <axis_op Op, class T>
+void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, compute_t<T> param = {}) {
+  using V = compute_t<T>;
+  const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
+  if (outer == 0 || inner == 0) return;
+  if (inner == 1) {
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
+          const T* xr = x + o * n;
+          T* yr = y + o * n;
+          if constexpr (Op == axis_op::softmax) {
+            softmax_row(xr, yr, n);
+          } else if constexpr (Op == axis_op::log_softmax) {
+            log_softmax_row(xr, yr, n);
+          } else if constexpr (Op == axis_op::logsumexp) {
+            const V m = safe_shift(row_max(xr, n));
+            st(out, o, m + haliax::detail::math::log(row_sum_exp<T>(xr, nullptr, n, m)));
+          } else {
+            const V mean = row_sum(xr, n) / static_cast<V>(n);
+            const V var = row_sum_sq_dev(xr, n, mean) / static_cast<V>(n);
+            const V scale = V(1) / haliax::detail::math::sqrt(var + param);
+            for (std::int64_t j = 0; j < n; ++j) st(yr, j, (ld(xr, j) - mean) * scale);
+          }
+        });
+    return;
+  }
+  constexpr int B = block_width;
+  const std::int64_t nb = (inner + B - 1) / B;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
+        const std::int64_t o = w / nb;
+        const std::int64_t i0 = (w - o * nb) * B;
+        const int b = inner - i0 < B ? static_cast<int>(inner - i0) : B;
+        const std::int64_t base = o * n * inner + i0;
+        T* yb = Op == axis_op::logsumexp ? nullptr : y + base;
+        T* ob = Op == axis_op::logsumexp ? out + o * inner + i0 : nullptr;
+        // A full block gets a compile-time trip count so its inner loops vectorise.
+        if (b == B) {
+          block_row<Op, T, V>(x + base, yb, ob, n, inner, B, param);
+        } else {
+          block_row<Op, T, V>(x + base, yb, ob, n, inner, b, param);
+        }
+      });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Activation functors (compute-type in, compute-type out)
+
+template <class V>
+KOKKOS_INLINE_FUNCTION V sigmoid_v(V x) {
+  // Never exponentiates a positive number, so neither branch overflows.
+  const V e = haliax::detail::math::exp(x < V(0) ? x : -x);
+  return x < V(0) ? e / (V(1) + e) : V(1) / (V(1) + e);
+}
+
+template <class V>
+KOKKOS_INLINE_FUNCTION V softplus_v(V x) {
+  const V ax = x < V(0) ? -x : x;
+  return haliax::detail::math::log1p(haliax::detail::math::exp(-ax)) + (x > V(0) ? x : V(0));
+}
+
+#define HALIAX_NN_FUNCTOR(NAME, EXPR)                   \
+  struct NAME##_fn {                                    \
+    template <class V>                                  \
+    KOKKOS_INLINE_FUNCTION V operator()(V x) const {    \
+      return EXPR;                                      \
+    }                                                   \
+  };
+HALIAX_NN_FUNCTOR(relu, x > V(0) ? x : V(0))
+HALIAX_NN_FUNCTOR(relu6, x > V(0) ? (x < V(6) ? x : V(6)) : V(0))
+HALIAX_NN_FUNCTOR(relu_squared, x > V(0) ? x * x : V(0))
+HALIAX_NN_FUNCTOR(sigmoid, sigmoid_v(x))
+HALIAX_NN_FUNCTOR(log_sigmoid, -softplus_v(-x))
+HALIAX_NN_FUNCTOR(softplus, softplus_v(x))
+HALIAX_NN_FUNCTOR(soft_sign, x / (V(1) + (x < V(0) ? -x : x)))
+HALIAX_NN_FUNCTOR(silu, x* sigmoid_v(x))
+HALIAX_NN_FUNCTOR(quick_gelu, x* sigmoid_v(V(1.702) * x))
+HALIAX_NN_FUNCTOR(gelu_exact, V(0.5) * x * (V(1) + haliax::detail::math::erf(x * V(0.70710678118654752440))))
+HALIAX_NN_FUNCTOR(gelu_tanh, V(0.5) * x *
+                                 (V(1) + haliax::detail::math::tanh(V(0.79788456080286535588) *
+                                                                    (x + V(0.044715) * x * x * x))))
+HALIAX_NN_FUNCTOR(hard_sigmoid, (x + V(3) > V(0) ? (x + V(3) < V(6) ? x + V(3) : V(6)) : V(0)) / V(6))
+HALIAX_NN_FUNCTOR(hard_silu, x*((x + V(3) > V(0) ? (x + V(3) < V(6) ? x + V(3) : V(6)) : V(0)) / V(6)))
+HALIAX_NN_FUNCTOR(hard_tanh, x > V(1) ? V(1) : (x < V(-1) ? V(-1) : x))
+#undef HALIAX_NN_FUNCTOR
+
+struct gelu_fn {
+  bool approximate;
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    return approximate ? gelu_tanh_fn{}(x) : gelu_exact_fn{}(x);
+  }
+};
+
+struct leaky_relu_fn {
+  double slope;
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    return x >= V(0) ? x : static_cast<V>(slope) * x;
+  }
+};
+
+struct elu_fn {
+  double alpha;
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    return x > V(0) ? x : static_cast<V>(alpha) * haliax::detail::math::expm1(x);
+  }
+};
+
+struct celu_fn {
+  double alpha;
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    const V a = static_cast<V>(alpha);
+    return (x > V(0) ? x : V(0)) + a * haliax::detail::math::expm1((x < V(0) ? x : V(0)) / a);
+  }
+};
+
+struct selu_fn {
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    constexpr double alpha = 1.6732632423543772848170429916717;
+    constexpr double scale = 1.0507009873554804934193349852946;
+    return static_cast<V>(scale) * (x > V(0) ? x : static_cast<V>(alpha) * haliax::detail::math::expm1(x));
+  }
+};
+
+template <class T, class Axes, class F>
+named_array<T, Axes> activation(const char* label, const named_array<T, Axes>& x, F f) {
+  return haliax::detail::map<T>(label, x, f);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------------------
+// Softmax family
+
+/// Softmax along `axis` (upstream `haliax.nn.softmax`): exp(x - max) / sum(exp(x - max)) over that axis;
+/// keeps every axis. Numerically stable for any magnitude; fused into three passes over each row.
+///   auto p = haliax::nn::softmax(logits, Vocab);   // {batch, vocab} -> {batch, vocab}
+///   // every (batch) row of p sums to 1
+template <FloatElement T, class Axes, AxisTag A>
+  requires detail::has_axis_v<Axes, A>
+named_array<T, Axes> softmax(const named_array<T, Axes>& x, A axis) {
+  auto r = named_array<T, Axes>::allocate(x.sizes(), "haliax::nn::softmax");
+  detail::run_axis_op<detail::axis_op::softmax>("haliax::nn::softmax", x.data(), r.data(), static_cast<T*>(nullptr),
+                                                detail::split_at<Axes, A>(x.sizes()));
+  return r;
+}
+
+/// Log of the softmax along `axis` (upstream `haliax.nn.log_softmax`): x - max - log(sum(exp(x - max)));
+/// keeps every axis. Stable for large magnitudes (no log of an underflowed probability).
+///   auto lp = haliax::nn::log_softmax(logits, Vocab);   // {batch, vocab} -> {batch, vocab}
+///   // exp(lp) == softmax(logits, Vocab)
+template <FloatElement T, class Axes, AxisTag A>
+  requires detail::has_axis_v<Axes, A>
+named_array<T, Axes> log_softmax(const named_array<T, Axes>& x, A axis) {
+  auto r = named_array<T, Axes>::allocate(x.sizes(), "haliax::nn::log_softmax");
+  detail::run_axis_op<detail::axis_op::log_softmax>("haliax::nn::log_softmax", x.data(), r.data(),
+                                                    static_cast<T*>(nullptr), detail::split_at<Axes, A>(x.sizes()));
+  return r;
+}
+
+/// log(sum(exp(x))) along `axis`, computed stably (upstream `haliax.nn.logsumexp`); drops `axis`.
+/// An empty axis or an all -inf row gives -inf.
+///   auto z = haliax::nn::logsumexp(logits, Vocab);   // {batch, vocab} -> {batch}
+///   // log_softmax(logits, Vocab) == logits - z
+template <FloatElement T, class Axes, AxisTag A>
+  requires detail::has_axis_v<Axes, A>
+named_array<T, detail::without_t<Axes, A>> logsumexp(const named_array<T, Axes>& x, A axis) {
+  using R = named_array<T, detail::without_t<Axes, A>>;
+  typename R::shape_type rsizes{};
+  {
+    constexpr std::size_t k = haliax::detail::index_of_v<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>;
+    std::size_t d = 0;
+    for (std::size_t i = 0; i < Axes::rank; ++i)
+      if (i != k) rsizes[d++] = x.sizes()[i];
+  }
+  auto r = R::allocate(rsizes, "haliax::nn::logsumexp");
+  detail::run_axis_op<detail::axis_op::logsumexp>("haliax::nn::logsumexp", x.data(), static_cast<T*>(nullptr),
+                                                  r.data(), detail::split_at<Axes, A>(x.sizes()));
+  return r;
+}
+
+/// (x - mean) / sqrt(var + epsilon) along `axis`, with the mean and (biased) variance taken over that axis
+/// (upstream `haliax.nn.standardize`); keeps every axis. The variance is computed in a second pass over
+/// the centred values, not as E[x^2] - E[x]^2.
+///   auto z = haliax::nn::standardize(h, Embed);   // {batch, embed} -> {batch, embed}
+///   // each (batch) row of z has mean 0 and variance ~1
+template <FloatElement T, class Axes, AxisTag A>
+  requires detail::has_axis_v<Axes, A>
+named_array<T, Axes> standardize(const named_array<T, Axes>& x, A axis, double epsilon = 1e-5) {
+  auto r = named_array<T, Axes>::allocate(x.sizes(), "haliax::nn::standardize");
+  detail::run_axis_op<detail::axis_op::standardize>("haliax::nn::standardize", x.data(), r.data(),
+                                                    static_cast<T*>(nullptr), detail::split_at<Axes, A>(x.sizes()),
+                                                    static_cast<compute_t<T>>(epsilon));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// one_hot
+
+/// One-hot encoding (upstream `haliax.nn.one_hot(x, class_axis)`): for integer labels `x` the result has x's
+/// axes followed by `class_axis` last, `on` where the class equals the label and `off` elsewhere. A label
+/// outside [0, size) (including negative) gives a row of all `off`. `R` is the element type (default float).
+///   auto y = haliax::nn::one_hot(labels, 10 * Label);   // int32 {batch} -> float {batch, label}
+///   // y[b, labels[b]] == 1, all else 0
+template <FloatElement R = float, class Axes, AxisTag C>
+  requires(!detail::has_axis_v<Axes, C>)
+named_array<R, detail::with_last_t<Axes, C>> one_hot(const named_array<std::int32_t, Axes>& x, sized_axis<C> class_axis,
+                                                     double on = 1.0, double off = 0.0) {
+  using Out = named_array<R, detail::with_last_t<Axes, C>>;
+  typename Out::shape_type rsizes{};
+  for (std::size_t i = 0; i < Axes::rank; ++i) rsizes[i] = x.sizes()[i];
+  rsizes[Axes::rank] = class_axis.size;
+  auto r = Out::allocate(rsizes, "haliax::nn::one_hot");
+  const std::int32_t* in = x.data();
+  R* out = r.data();
+  const std::int64_t nc = class_axis.size;
+  const compute_t<R> von = static_cast<compute_t<R>>(on), voff = static_cast<compute_t<R>>(off);
+  if (nc == 0) return r;
+  Kokkos::parallel_for(
+      "haliax::nn::one_hot", Kokkos::RangePolicy<execution_space>(0, x.element_count()),
+      KOKKOS_LAMBDA(std::int64_t e) {
+        const std::int64_t label = in[e];
+        R* row = out + e * nc;
+        for (std::int64_t c = 0; c < nc; ++c) detail::st(row, c, c == label ? von : voff);
+      });
+  return r;
+}
+
+/// One-hot vector of a single label: `one_hot(3, 10 * Label)` is {label=10} with a 1 at 3 (all `off` when
+/// the label is out of range).
+///   auto v = haliax::nn::one_hot(3, 10 * Label);   // float {label}
+///   // v = [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+template <FloatElement R = float, std::integral I, AxisTag C>
+named_array<R, axes<C{}>> one_hot(I label, sized_axis<C> class_axis, double on = 1.0, double off = 0.0) {
+  auto idx = scalar<std::int32_t>(std::in_range<std::int32_t>(label) ? static_cast<std::int32_t>(label) : -1);
+  return one_hot<R>(idx, class_axis, on, off);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Activations: elementwise, keep every axis; computed in float for bf16 inputs.
+
+/// max(x, 0); elementwise, keeps every axis.
+///   auto h = haliax::nn::relu(x);   // {-1, 2} -> {0, 2}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> relu(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::relu", x, detail::relu_fn{});
+}
+
+/// min(max(x, 0), 6); elementwise, keeps every axis.
+///   auto h = haliax::nn::relu6(x);   // {-1, 7} -> {0, 6}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> relu6(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::relu6", x, detail::relu6_fn{});
+}
+
+/// max(x, 0)^2; elementwise, keeps every axis.
+///   auto h = haliax::nn::relu_squared(x);   // {-1, 3} -> {0, 9}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> relu_squared(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::relu_squared", x, detail::relu_squared_fn{});
+}
+
+/// 1 / (1 + exp(-x)), never overflowing for large |x|; elementwise, keeps every axis.
+///   auto h = haliax::nn::sigmoid(x);   // {-100, 0, 100} -> {3.7e-44, 0.5, 1}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> sigmoid(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::sigmoid", x, detail::sigmoid_fn{});
+}
+
+/// log(sigmoid(x)) computed as -softplus(-x), stable for large |x|; elementwise, keeps every axis.
+///   auto h = haliax::nn::log_sigmoid(x);   // {-100, 100} -> {-100, 0}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> log_sigmoid(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::log_sigmoid", x, detail::log_sigmoid_fn{});
+}
+
+/// log(1 + exp(x)) computed as log1p(exp(-|x|)) + max(x, 0), stable for large |x|; elementwise, keeps every axis.
+///   auto h = haliax::nn::softplus(x);   // {-100, 0, 100} -> {3.7e-44, 0.693, 100}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> softplus(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::softplus", x, detail::softplus_fn{});
+}
+
+/// x / (1 + |x|); elementwise, keeps every axis.
+///   auto h = haliax::nn::soft_sign(x);   // {-1, 3} -> {-0.5, 0.75}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> soft_sign(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::soft_sign", x, detail::soft_sign_fn{});
+}
+
+/// x * sigmoid(x) (SiLU, also `swish`); elementwise, keeps every axis.
+///   auto h = haliax::nn::silu(x);   // {0, 100} -> {0, 100}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> silu(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::silu", x, detail::silu_fn{});
+}
+
+/// x * sigmoid(1.702 x); elementwise, keeps every axis.
+///   auto h = haliax::nn::quick_gelu(x);   // {0} -> {0}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> quick_gelu(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::quick_gelu", x, detail::quick_gelu_fn{});
+}
+
+/// relu6(x + 3) / 6; elementwise, keeps every axis.
+///   auto h = haliax::nn::hard_sigmoid(x);   // {-4, 0, 4} -> {0, 0.5, 1}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> hard_sigmoid(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::hard_sigmoid", x, detail::hard_sigmoid_fn{});
+}
+
+/// x * hard_sigmoid(x) (also `hard_swish`); elementwise, keeps every axis.
+///   auto h = haliax::nn::hard_silu(x);   // {-4, 3} -> {0, 3}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> hard_silu(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::hard_silu", x, detail::hard_silu_fn{});
+}
+
+/// clip(x, -1, 1); elementwise, keeps every axis.
+///   auto h = haliax::nn::hard_tanh(x);   // {-2, 0.5} -> {-1, 0.5}
+///   // same axes and element type as x
+template <FloatElement T, class Axes>
+named_array<T, Axes> hard_tanh(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::hard_tanh", x, detail::hard_tanh_fn{});
+}
+
+/// x * sigmoid(x), the same function as `silu`; elementwise, keeps every axis.
+///   auto h = haliax::nn::swish(x);   // == silu(x)
+template <FloatElement T, class Axes>
+named_array<T, Axes> swish(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::swish", x, detail::silu_fn{});
+}
+
+/// x * hard_sigmoid(x), the same function as `hard_silu`; elementwise, keeps every axis.
+///   auto h = haliax::nn::hard_swish(x);   // == hard_silu(x)
+template <FloatElement T, class Axes>
+named_array<T, Axes> hard_swish(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::hard_swish", x, detail::hard_silu_fn{});
+}
+
+/// GELU; elementwise, keeps every axis. `approximate = true` (upstream's default) is the tanh form
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ("gelu_new"); `false` is the exact 0.5 x (1 + erf(x / sqrt 2)).
+///   auto h = haliax::nn::gelu(x);          // tanh form
+///   auto e = haliax::nn::gelu(x, false);   // erf form
+template <FloatElement T, class Axes>
+named_array<T, Axes> gelu(const named_array<T, Axes>& x, bool approximate = true) {
+  return detail::activation("haliax::nn::gelu", x, detail::gelu_fn{approximate});
+}
+
+/// The tanh approximation of GELU (Hugging Face's "gelu_new"), i.e. `gelu(x, true)`; keeps every axis.
+///   auto h = haliax::nn::gelu_new(x);   // == gelu(x, true)
+template <FloatElement T, class Axes>
+named_array<T, Axes> gelu_new(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::gelu_new", x, detail::gelu_tanh_fn{});
+}
+
+/// x for x >= 0, negative_slope * x otherwise (upstream default slope 0.01); keeps every axis.
+///   auto h = haliax::nn::leaky_relu(x, 0.2);   // {-1, 2} -> {-0.2, 2}
+template <FloatElement T, class Axes>
+named_array<T, Axes> leaky_relu(const named_array<T, Axes>& x, double negative_slope = 0.01) {
+  return detail::activation("haliax::nn::leaky_relu", x, detail::leaky_relu_fn{negative_slope});
+}
+
+/// x for x > 0, alpha * (exp(x) - 1) otherwise; keeps every axis.
+///   auto h = haliax::nn::elu(x);   // {-inf, 2} -> {-1, 2}
+template <FloatElement T, class Axes>
+named_array<T, Axes> elu(const named_array<T, Axes>& x, double alpha = 1.0) {
+  return detail::activation("haliax::nn::elu", x, detail::elu_fn{alpha});
+}
+
+/// max(x, 0) + alpha * expm1(min(x, 0) / alpha); keeps every axis.
+///   auto h = haliax::nn::celu(x, 1.0);   // == elu(x) for alpha 1
+template <FloatElement T, class Axes>
+named_array<T, Axes> celu(const named_array<T, Axes>& x, double alpha = 1.0) {
+  return detail::activation("haliax::nn::celu", x, detail::celu_fn{alpha});
+}
+
+/// Scaled ELU with the self-normalising constants (scale 1.0507..., alpha 1.6733...); keeps every axis.
+///   auto h = haliax::nn::selu(x);   // {1} -> {1.0507}
+template <FloatElement T, class Axes>
+named_array<T, Axes> selu(const named_array<T, Axes>& x) {
+  return detail::activation("haliax::nn::selu", x, detail::selu_fn{});
+}
+
+/// Re-exported so that model code can write every activation as `nn::...`.
+using haliax::tanh;
+
+/// Gated linear unit along `axis` (upstream `glu(x, axis)`): splits `axis` into a first half a and a second
+/// half b and returns a * sigmoid(b). The result keeps every axis, with `axis` at half its size; an odd
+/// size throws `shape_error`.
+///   auto h = haliax::nn::glu(x, Mlp);   // {batch, mlp=8} -> {batch, mlp=4}
+///   // h[.., i] = x[.., i] * sigmoid(x[.., i + 4])
+template <FloatElement T, class Axes, AxisTag A>
+  requires detail::has_axis_v<Axes, A>
+named_array<T, Axes> glu(const named_array<T, Axes>& x, A axis) {
+  constexpr std::size_t k = haliax::detail::index_of_v<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>;
+  auto sp = detail::split_at<Axes, A>(x.sizes());
+  if (sp.n % 2 != 0)
+    throw shape_error("haliax::nn::glu: axis '" + std::string(std::remove_cvref_t<A>::name) + "' has odd size " +
+                      std::to_string(sp.n) + " in " + x.shape_string() + "; it must split into two equal halves");
+  auto rsizes = x.sizes();
+  rsizes[k] = sp.n / 2;
+  auto r = named_array<T, Axes>::allocate(rsizes, "haliax::nn::glu");
+  const T* in = x.data();
+  T* out = r.data();
+  const std::int64_t h = sp.n / 2, inner = sp.inner;
+  using V = compute_t<T>;
+  Kokkos::parallel_for(
+      "haliax::nn::glu", Kokkos::RangePolicy<execution_space>(0, sp.outer * h), KOKKOS_LAMBDA(std::int64_t w) {
+        const std::int64_t o = w / h, j = w - o * h;
+        const T* a = in + (o * 2 * h + j) * inner;
+        const T* b = a + h * inner;
+        T* q = out + w * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          const V av = detail::ld(a, i);
+          detail::st(q, i, av * detail::sigmoid_v(detail::ld(b, i)));
+        }
+      });
+  return r;
+}
+
+}  // namespace haliax::nn
