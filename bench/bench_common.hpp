@@ -13,7 +13,8 @@ namespace bench {
 /// Records what the figures depend on: OpenBLAS core type and threads, Kokkos backend.
 inline void add_context() {
   benchmark::AddCustomContext("openblas_corename", openblas_get_corename());
-  benchmark::AddCustomContext("openblas_threads", std::to_string(openblas_get_num_threads()));
+  benchmark::AddCustomContext("openblas_threads_at_start", std::to_string(openblas_get_num_threads()));
+  benchmark::AddCustomContext("haliax_threads", std::to_string(haliax::num_threads()));
   const char* env = std::getenv("OPENBLAS_CORETYPE");
   benchmark::AddCustomContext("OPENBLAS_CORETYPE", env ? env : "(unset)");
   benchmark::AddCustomContext("kokkos_execution_space", haliax::execution_space::name());

@@ -50,6 +50,8 @@ void BM_cblas_sgemm(benchmark::State& state) {
   const auto f = static_cast<form>(state.range(1));
   std::vector<float> x(tokens * embed, 0.5f), w(embed * out, 0.25f), dy(tokens * out, 0.125f);
   std::vector<float> c(std::max(tokens * out, std::max(tokens * embed, embed * out)));
+  // The reference uses OpenBLAS's own threading with as many threads as haliax's pool.
+  openblas_set_num_threads(hax::num_threads());
   for (auto _ : state) {
     if (f == forward) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tokens, out, embed, 1.0f, x.data(), embed, w.data(),

@@ -1,6 +1,7 @@
 // Tests for haliax/ops/dot.hpp against a naive einsum on random data, covering every operand layout.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -159,4 +160,22 @@ TEST_CASE("contracting an axis missing from an operand does not compile") {
   static_assert(!can_dot_to<hax::axes<Batch>, A, B, Embed>);        // not a permutation of {batch, mlp}
   static_assert(can_dot_to<hax::axes<Mlp, Batch>, A, B, Embed>);
   CHECK(A::rank == 2);
+}
+
+TEST_CASE("dot results do not depend on the thread count") {
+  // Large enough to be split into row blocks over the pool, with ragged edges in every dimension.
+  auto a = random_array(21, 3 * Batch, 517 * X, 300 * Y);
+  auto b = random_array(22, 300 * Y, 129 * Z);
+  const int before = hax::num_threads();
+  hax::set_num_threads(1);
+  auto one = hax::dot(a, b, Y).to_host();
+  hax::set_num_threads(2);
+  auto two = hax::dot(a, b, Y).to_host();
+  hax::set_num_threads(3);
+  auto three = hax::dot(a, b, Y).to_host();
+  hax::set_num_threads(before);
+  REQUIRE(one.size() == two.size());
+  CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(one.data(), three.data(), one.size() * sizeof(float)) == 0);
+  check_dot(a, b, hax::dot(a, b, Y), 1e-4);
 }

@@ -171,6 +171,11 @@ TEST_CASE("rearrange: large transposes") {
   check_rearrange<axes<Y, X>>(x);
   auto y = random_array(4, 3 * Batch, 67 * Pos, 129 * Embed);
   check_rearrange<axes<Embed, Batch, Pos>>(y);
+  auto z = random_array(5, 9 * W, 10 * X, 11 * Y, 12 * Z);  // every extent large enough for the tiled path
+  check_rearrange<axes<Z, Y, X, W>>(z);
+  check_rearrange<axes<X, Z, W, Y>>(z);
+  check_rearrange<axes<Z, W, X, Y>>(z);
+  check_rearrange<axes<W, Z, Y, X>>(z);
 }
 
 TEST_CASE("rearrange: partial orders with an ellipsis keep the rest in order") {

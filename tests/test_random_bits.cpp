@@ -251,7 +251,7 @@ TEST_CASE("random: exhaustive float32 transforms over all 2^23 mantissas") {
     std::uint64_t h = 0;
     for (std::uint32_t i = 0; i < n; ++i) {
       const std::uint32_t bits = i << 9;
-      float v;
+      float v = 0.0f;
       if (name == "uniform_f32") v = rd::uniform_f32(bits, lo, hi);
       else if (name == "normal_f32") v = rd::normal_f32(bits);
       else if (name == "gumbel_f32") v = rd::gumbel_f32(bits);
@@ -317,7 +317,7 @@ TEST_CASE("threefry properties: partitionable bits are a prefix-stable stream") 
   CHECK(ones < 17000);
 }
 
-TEST_CASE("random properties: uniform stays in [min, max) and covers it") {
+TEST_CASE("random properties: uniform stays within min (inclusive) and max (exclusive)") {
   const tf::key_data k = tf::prng_key(11);
   const std::size_t n = 20000;
   double sum = 0;

@@ -24,6 +24,7 @@
 #include "axis.hpp"
 #include "bf16.hpp"
 #include "detail/axis_algebra.hpp"
+#include "detail/thread_pool.hpp"
 
 namespace haliax {
 
@@ -70,6 +71,13 @@ class runtime {
  private:
   bool owner_ = false;
 };
+
+/// Number of host threads haliax uses for its parallel work (GEMM row blocks). Defaults to
+/// HALIAX_NUM_THREADS, else the hardware thread count. Results never depend on it.
+inline int num_threads() { return detail::thread_pool::instance().size(); }
+
+/// Sets the number of host threads (at least 1). Call it between ops, not from inside one.
+inline void set_num_threads(int n) { detail::thread_pool::instance().resize(n); }
 
 namespace detail {
 inline void ensure_initialized() {

@@ -4,10 +4,12 @@
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
+#include <cblas.h>
 #include <cstdint>
 #include <type_traits>
 
 #include "../bf16.hpp"
+#include "thread_pool.hpp"
 
 namespace haliax::detail {
 
@@ -15,8 +17,75 @@ template <class T>
 using unmanaged_matrix = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space,
                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-/// C = op(A) * op(B) with beta = 0. A is m x k (k x m when trans_a), B is k x n (n x k when trans_b), all
-/// row-major and densely packed.
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* A, const T* B, T* C);
+
+/// Rows of C computed by one single-threaded BLAS call on the host. Fixed, so that every element's
+/// arithmetic is the same whatever the thread count (OpenBLAS's own threading splits columns by the thread
+/// count, and its AVX2 kernels then round some elements differently).
+inline constexpr std::int64_t gemm_row_block = 256;
+
+/// Host GEMM for float/double over `batch` independent problems, parallel over (batch, row block) tasks on
+/// the haliax thread pool, each a single-threaded cblas call.
+template <class T>
+void host_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                       std::int64_t k, const T* A, const T* B, T* C) {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  const std::int64_t blocks = (m + gemm_row_block - 1) / gemm_row_block;
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  auto task = [=](std::int64_t t) {
+    const std::int64_t b = t / blocks, r0 = (t % blocks) * gemm_row_block;
+    const std::int64_t rows = m - r0 < gemm_row_block ? m - r0 : gemm_row_block;
+    const T* a = A + b * m * k + (trans_a ? r0 : r0 * k);
+    const T* bb = B + b * k * n;
+    T* c = C + b * m * n + r0 * n;
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, ta, tb, rows, n, k, 1.0f, a, lda, bb, ldb, 0.0f, c, n);
+    } else {
+      cblas_dgemm(CblasRowMajor, ta, tb, rows, n, k, 1.0, a, lda, bb, ldb, 0.0, c, n);
+    }
+  };
+  const std::int64_t tasks = batch * blocks;
+  // Small problems are not worth waking the pool; the blocks (and so the results) are the same either way.
+  if (static_cast<double>(batch) * m * n * k < 4.0e6) {
+    for (std::int64_t t = 0; t < tasks; ++t) task(t);
+  } else {
+    thread_pool::instance().run(tasks, task);
+  }
+}
+
+/// C = op(A) * op(B) with beta = 0 for `batch` problems stored one after another. A is m x k (k x m when
+/// trans_a), B is k x n (n x k when trans_b), all row-major and densely packed.
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                  const T* A, const T* B, T* C) {
+  if (batch == 0 || m == 0 || n == 0) return;
+  if (k == 0) {
+    Kokkos::parallel_for(
+        "haliax::dot(zero)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, batch * m * n),
+        KOKKOS_LAMBDA(std::int64_t i) { C[i] = T(0); });
+    return;
+  }
+  constexpr bool host = std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
+  if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>) && host) {
+    host_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+  } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    // Device memory: one Kokkos Kernels GEMM (cuBLAS with a CUDA Kokkos) per problem.
+    for (std::int64_t i = 0; i < batch; ++i) {
+      unmanaged_matrix<const T> a(A + i * m * k, trans_a ? k : m, trans_a ? m : k);
+      unmanaged_matrix<const T> b(B + i * k * n, trans_b ? n : k, trans_b ? k : n);
+      unmanaged_matrix<T> c(C + i * m * n, m, n);
+      KokkosBlas::gemm(trans_a ? "T" : "N", trans_b ? "T" : "N", T(1), a, b, T(0), c);
+    }
+  } else {
+    for (std::int64_t i = 0; i < batch; ++i)
+      gemm<T>(trans_a, trans_b, m, n, k, A + i * m * k, B + i * k * n, C + i * m * n);
+  }
+}
+
+/// C = op(A) * op(B) with beta = 0 for one problem (see gemm_batched).
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* A, const T* B, T* C) {
   if (m == 0 || n == 0) return;
@@ -27,10 +96,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
     return;
   }
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    unmanaged_matrix<const T> a(A, trans_a ? k : m, trans_a ? m : k);
-    unmanaged_matrix<const T> b(B, trans_b ? n : k, trans_b ? k : n);
-    unmanaged_matrix<T> c(C, m, n);
-    KokkosBlas::gemm(trans_a ? "T" : "N", trans_b ? "T" : "N", T(1), a, b, T(0), c);
+    gemm_batched<T>(trans_a, trans_b, 1, m, n, k, A, B, C);
   } else if constexpr (std::is_same_v<T, bf16>) {
     // No bf16 GEMM in Kokkos Kernels: widen to float (exact), multiply, round to nearest even once.
     Kokkos::View<float*, Kokkos::DefaultExecutionSpace::memory_space> fa("haliax::dot(bf16 a)", m * k),

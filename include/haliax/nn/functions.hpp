@@ -42,7 +42,10 @@ using with_last_t =
     haliax::detail::to_axes<mp::mp_push_back<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>>;
 
 // ---------------------------------------------------------------------------------------------------------
-// Scalar helpers usable in kernels
+// Scalar helpers usable in kernels. Everything a row kernel calls is force-inlined, so that each host ISA
+// variant below (generic, AVX2, AVX-512) gets its own vectorised copy.
+
+#define HALIAX_NN_INLINE KOKKOS_FORCEINLINE_FUNCTION
 
 /// exp for float without libm: exp(x) = 2^n * e^r with n = round(x / ln 2), |r| <= ln2 / 2, and e^r from the
 /// Cephes expf polynomial (max error about 1.4 ulp). It has no branches and no float selects: gcc without
@@ -50,7 +53,7 @@ using with_last_t =
 /// arithmetic into a branch otherwise), so the clamps are done on integer bits and the special cases fall
 /// out of the scaling. Results below FLT_MIN are flushed to 0 (exp(x) for x < about -87.7), which also keeps
 /// masked (-inf, -1e9) entries off the slow denormal path; above FLT_MAX it gives +inf; NaN stays NaN.
-KOKKOS_INLINE_FUNCTION float exp_f32(float x) {
+HALIAX_NN_INLINE float exp_f32(float x) {
   std::uint32_t xb;
   std::memcpy(&xb, &x, sizeof xb);
   // |x| in (200, inf] becomes +-200 (sign kept): the rounding trick below needs |x / ln 2| < 2^22.
@@ -90,7 +93,7 @@ KOKKOS_INLINE_FUNCTION float exp_f32(float x) {
 
 /// exp in the compute type: the vectorisable one for float, the library one for double.
 template <class V>
-KOKKOS_INLINE_FUNCTION V fast_exp(V x) {
+HALIAX_NN_INLINE V fast_exp(V x) {
   if constexpr (std::is_same_v<V, float>) {
     return exp_f32(x);
   } else {
@@ -99,24 +102,24 @@ KOKKOS_INLINE_FUNCTION V fast_exp(V x) {
 }
 
 template <class V>
-KOKKOS_INLINE_FUNCTION V neg_inf() {
+HALIAX_NN_INLINE V neg_inf() {
   return -std::numeric_limits<V>::infinity();
 }
 
 /// The shift used before exponentiating: the max, or 0 when the max is not finite (as upstream logsumexp),
 /// so an all -inf row gives exp(-inf) = 0 rather than NaN from -inf - -inf.
 template <class V>
-KOKKOS_INLINE_FUNCTION V safe_shift(V m) {
+HALIAX_NN_INLINE V safe_shift(V m) {
   return haliax::detail::math::isfinite(m) ? m : V(0);
 }
 
 template <class T>
-KOKKOS_INLINE_FUNCTION compute_t<T> ld(const T* p, std::int64_t i) {
+HALIAX_NN_INLINE compute_t<T> ld(const T* p, std::int64_t i) {
   return static_cast<compute_t<T>>(p[i]);
 }
 
 template <class T, class V>
-KOKKOS_INLINE_FUNCTION void st(T* p, std::int64_t i, V v) {
+HALIAX_NN_INLINE void st(T* p, std::int64_t i, V v) {
   if constexpr (std::is_same_v<T, bf16>) {
     p[i] = bf16(static_cast<float>(v));
   } else {
@@ -125,16 +128,21 @@ KOKKOS_INLINE_FUNCTION void st(T* p, std::int64_t i, V v) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Contiguous rows (the reduced axis is innermost). Float accumulation runs in `lanes` independent
-// accumulators so the loops vectorise without reassociation flags and the sums stay accurate.
+// Contiguous rows (the axis is innermost). `VB` is the vector width in bytes the code is tuned for (16 for
+// the generic build, 32 for AVX2, 64 for AVX-512). Reductions run in independent lanes (a few vectors' worth)
+// so the loops vectorise without reassociation flags; sums are accumulated per chunk and the chunk sums
+// added, which keeps float sums of ~10^5 terms accurate to a few ulp.
 
-template <class V>
-inline constexpr int lanes = 64 / static_cast<int>(sizeof(V));
+template <class V, int VB>
+inline constexpr int reduce_lanes = 4 * VB / static_cast<int>(sizeof(V));
+template <class V, int VB>
+inline constexpr int exp_lanes = 2 * VB / static_cast<int>(sizeof(V));
+inline constexpr std::int64_t sum_chunk = 1024;
 
-template <class T>
-KOKKOS_INLINE_FUNCTION compute_t<T> row_max(const T* x, std::int64_t n) {
+template <int VB, class T>
+HALIAX_NN_INLINE compute_t<T> row_max(const T* x, std::int64_t n) {
   using V = compute_t<T>;
-  constexpr int L = lanes<V>;
+  constexpr int L = reduce_lanes<V, VB>;
   V m[L];
   for (int k = 0; k < L; ++k) m[k] = neg_inf<V>();
   std::int64_t j = 0;
@@ -154,137 +162,176 @@ KOKKOS_INLINE_FUNCTION compute_t<T> row_max(const T* x, std::int64_t n) {
   return r;
 }
 
-template <class T>
-KOKKOS_INLINE_FUNCTION compute_t<T> row_sum(const T* x, std::int64_t n) {
+/// sum_j f(x_j) in chunks; f(v) maps a loaded compute value to the summand.
+template <int L, class T, class F>
+HALIAX_NN_INLINE compute_t<T> row_sum_of(const T* x, std::int64_t n, F f) {
   using V = compute_t<T>;
-  constexpr int L = lanes<V>;
-  V s[L];
-  for (int k = 0; k < L; ++k) s[k] = V(0);
+  V total[L];
+  for (int k = 0; k < L; ++k) total[k] = V(0);
   std::int64_t j = 0;
-  for (; j + L <= n; j += L) {
-    const T* p = x + j;
-    for (int k = 0; k < L; ++k) s[k] += ld(p, k);
+  while (j + L <= n) {
+    const std::int64_t end = j + sum_chunk < n ? j + sum_chunk : n;
+    V s[L];
+    for (int k = 0; k < L; ++k) s[k] = V(0);
+    for (; j + L <= end; j += L) {
+      const T* p = x + j;
+      for (int k = 0; k < L; ++k) s[k] += f(ld(p, k));
+    }
+    for (int k = 0; k < L; ++k) total[k] += s[k];
   }
-  for (; j < n; ++j) s[0] += ld(x, j);
+  for (; j < n; ++j) total[0] += f(ld(x, j));
   V r = V(0);
-  for (int k = 0; k < L; ++k) r += s[k];
+  for (int k = 0; k < L; ++k) r += total[k];
   return r;
 }
 
-/// sum_j (x_j - mean)^2.
-template <class T>
-KOKKOS_INLINE_FUNCTION compute_t<T> row_sum_sq_dev(const T* x, std::int64_t n, compute_t<T> mean) {
-  using V = compute_t<T>;
-  constexpr int L = lanes<V>;
-  V s[L];
-  for (int k = 0; k < L; ++k) s[k] = V(0);
+// Fixed-width groups. The pointers are restrict-qualified parameters of force-inlined functions, which tells
+// the vectoriser that a group's stores cannot change its loads; the trip count L is a compile-time constant
+// because gcc 12 at -O2 vectorises only loops whose trip count is a known multiple of the vector length.
+
+/// q_k = f(p_k) for k < L.
+template <int L, class T, class F>
+HALIAX_NN_INLINE void map_group(const T* KOKKOS_RESTRICT p, T* KOKKOS_RESTRICT q, F f) {
+  for (int k = 0; k < L; ++k) st(q, k, f(ld(p, k)));
+}
+
+/// q_k = f(p_k) and s_k += q_k for k < L.
+template <int L, class T, class F>
+HALIAX_NN_INLINE void map_sum_group(const T* KOKKOS_RESTRICT p, T* KOKKOS_RESTRICT q,
+                                    compute_t<T>* KOKKOS_RESTRICT s, F f) {
+  for (int k = 0; k < L; ++k) {
+    const compute_t<T> e = f(ld(p, k));
+    st(q, k, e);
+    s[k] += e;
+  }
+}
+
+/// q_k *= c for k < L (in place, one pointer).
+template <int L, class T>
+HALIAX_NN_INLINE void scale_group(T* q, compute_t<T> c) {
+  for (int k = 0; k < L; ++k) q[k] *= c;
+}
+
+/// y_j = f(x_j) for a row (x and y distinct).
+template <int L, class T, class F>
+HALIAX_NN_INLINE void row_map(const T* x, T* y, std::int64_t n, F f) {
   std::int64_t j = 0;
-  for (; j + L <= n; j += L) {
-    const T* p = x + j;
-    for (int k = 0; k < L; ++k) {
-      const V d = ld(p, k) - mean;
-      s[k] += d * d;
-    }
+  for (; j + L <= n; j += L) map_group<L>(x + j, y + j, f);
+  for (; j < n; ++j) st(y, j, f(ld(x, j)));
+}
+
+/// y_j *= c for a row.
+template <int L, class T>
+HALIAX_NN_INLINE void row_scale(T* y, std::int64_t n, compute_t<T> c) {
+  std::int64_t j = 0;
+  for (; j + L <= n; j += L) scale_group<L>(y + j, c);
+  for (; j < n; ++j) y[j] *= c;
+}
+
+/// sum_j f(x_j), also writing each f(x_j) to y (same element type as x).
+template <int L, class T, class F>
+HALIAX_NN_INLINE compute_t<T> row_map_sum(const T* x, T* y, std::int64_t n, F f) {
+  using V = compute_t<T>;
+  V total[L];
+  for (int k = 0; k < L; ++k) total[k] = V(0);
+  std::int64_t j = 0;
+  while (j + L <= n) {
+    const std::int64_t end = j + sum_chunk < n ? j + sum_chunk : n;
+    V s[L];
+    for (int k = 0; k < L; ++k) s[k] = V(0);
+    for (; j + L <= end; j += L) map_sum_group<L>(x + j, y + j, s, f);
+    for (int k = 0; k < L; ++k) total[k] += s[k];
   }
   for (; j < n; ++j) {
-    const V d = ld(x, j) - mean;
-    s[0] += d * d;
+    const V e = f(ld(x, j));
+    st(y, j, e);
+    total[0] += e;
   }
   V r = V(0);
-  for (int k = 0; k < L; ++k) r += s[k];
+  for (int k = 0; k < L; ++k) r += total[k];
   return r;
 }
 
-/// sum_j exp(x_j - m); when `y` is non-null also stores each exp(x_j - m) there (same element type as x).
-template <class T>
-KOKKOS_INLINE_FUNCTION compute_t<T> row_sum_exp(const T* x, T* y, std::int64_t n, compute_t<T> m) {
-  using V = compute_t<T>;
-  constexpr int L = lanes<V> / 2;  // the exp body needs registers: half a cache line of lanes is enough
-  V s[L];
-  for (int k = 0; k < L; ++k) s[k] = V(0);
-  std::int64_t j = 0;
-  if (y) {
-    for (; j + L <= n; j += L) {
-      const T* p = x + j;
-      T* q = y + j;
-      V v[L];  // every load before any store: no aliasing question for the vectoriser
-      for (int k = 0; k < L; ++k) v[k] = ld(p, k);
-      for (int k = 0; k < L; ++k) {
-        const V e = fast_exp(v[k] - m);
-        st(q, k, e);
-        s[k] += e;
-      }
-    }
-    for (; j < n; ++j) {
-      const V e = fast_exp(ld(x, j) - m);
-      st(y, j, e);
-      s[0] += e;
-    }
-  } else {
-    for (; j + L <= n; j += L) {
-      const T* p = x + j;
-      for (int k = 0; k < L; ++k) s[k] += fast_exp(ld(p, k) - m);
-    }
-    for (; j < n; ++j) s[0] += fast_exp(ld(x, j) - m);
-  }
-  V r = V(0);
-  for (int k = 0; k < L; ++k) r += s[k];
-  return r;
-}
+enum class axis_op { softmax, log_softmax, logsumexp, standardize };
 
-template <class T>
-KOKKOS_INLINE_FUNCTION void softmax_row(const T* x, T* y, std::int64_t n) {
-  using V = compute_t<T>;
-  const V m = safe_shift(row_max(x, n));
-  // Where y holds values exactly (float, double) the exps are written in the sum pass and rescaled in
-  // place, so exp runs once per element; for bf16 they are recomputed to avoid rounding twice.
-  constexpr bool store_exp = std::is_same_v<T, V>;
-  const V s = row_sum_exp<T>(x, store_exp ? y : nullptr, n, m);
-  const V inv = V(1) / s;
-  if constexpr (store_exp) {
-    for (std::int64_t j = 0; j < n; ++j) y[j] *= inv;
-  } else {
-    for (std::int64_t j = 0; j < n; ++j) st(y, j, fast_exp(ld(x, j) - m) * inv);
+// Summands for row_sum_of (structs rather than lambdas so that they are force-inlined into every ISA variant).
+struct identity_fn {
+  template <class V>
+  HALIAX_NN_INLINE V operator()(V v) const {
+    return v;
   }
-}
+};
+template <class V>
+struct sq_dev_fn {
+  V mean;
+  HALIAX_NN_INLINE V operator()(V v) const { return (v - mean) * (v - mean); }
+};
+template <class V>
+struct exp_shift_fn {
+  V m;
+  HALIAX_NN_INLINE V operator()(V v) const { return fast_exp(v - m); }
+};
+template <class V>
+struct affine_fn {  // (v - shift) * scale
+  V shift, scale;
+  HALIAX_NN_INLINE V operator()(V v) const { return (v - shift) * scale; }
+};
+template <class V>
+struct exp_scale_fn {  // exp(v - m) * scale
+  V m, scale;
+  HALIAX_NN_INLINE V operator()(V v) const { return fast_exp(v - m) * scale; }
+};
 
-template <class T>
-KOKKOS_INLINE_FUNCTION void log_softmax_row(const T* x, T* y, std::int64_t n) {
+/// One contiguous row of n elements: x -> y (softmax, log_softmax, standardize) or x -> *out (logsumexp).
+/// `param` is epsilon for standardize.
+template <axis_op Op, int VB, class T>
+HALIAX_NN_INLINE void row_op(const T* x, T* y, T* out, std::int64_t n, compute_t<T> param) {
   using V = compute_t<T>;
-  const V m = safe_shift(row_max(x, n));
-  const V shift = m + haliax::detail::math::log(row_sum_exp<T>(x, nullptr, n, m));
-  for (std::int64_t j = 0; j < n; ++j) st(y, j, ld(x, j) - shift);
+  if constexpr (Op == axis_op::standardize) {
+    constexpr int L = reduce_lanes<V, VB>;
+    const V mean = row_sum_of<L>(x, n, identity_fn{}) / static_cast<V>(n);
+    const V var = row_sum_of<L>(x, n, sq_dev_fn<V>{mean}) / static_cast<V>(n);
+    const V scale = V(1) / haliax::detail::math::sqrt(var + param);
+    row_map<L>(x, y, n, affine_fn<V>{mean, scale});
+  } else {
+    constexpr int L = exp_lanes<V, VB>;
+    const V m = safe_shift(row_max<VB>(x, n));
+    // Where y holds values exactly (float, double) softmax writes the exps in the sum pass and rescales in
+    // place, so exp runs once per element; for bf16 they are recomputed to avoid rounding twice.
+    constexpr bool store_exp = Op == axis_op::softmax && std::is_same_v<T, V>;
+    V s;
+    if constexpr (store_exp) {
+      s = row_map_sum<L>(x, y, n, exp_shift_fn<V>{m});
+    } else {
+      s = row_sum_of<L>(x, n, exp_shift_fn<V>{m});
+    }
+    if constexpr (Op == axis_op::logsumexp) {
+      st(out, 0, m + haliax::detail::math::log(s));
+    } else if constexpr (Op == axis_op::log_softmax) {
+      row_map<L>(x, y, n, affine_fn<V>{m + haliax::detail::math::log(s), V(1)});
+    } else if constexpr (store_exp) {
+      row_scale<L>(y, n, V(1) / s);
+    } else {
+      row_map<L>(x, y, n, exp_scale_fn<V>{m, V(1) / s});
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Strided rows (the axis is not innermost): element (o, j, i) is at (o * n + j) * inner + i. A work item
-// takes `b` <= B neighbouring inner positions and walks j for all of them at once.
+// takes `b` <= B neighbouring inner positions and walks j for all of them at once, so each step reads whole
+// cache lines and the block's column stays in cache between the passes.
 
 /// Inner positions per work item: a few cache lines on the host; one per thread on a device, where
 /// neighbouring threads already read neighbouring addresses.
 inline constexpr int block_width = std::is_same_v<haliax::memory_space, Kokkos::HostSpace> ? 32 : 1;
 
-struct axis_split {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-
-template <class Axes, class A, std::size_t N>
-axis_split split_at(const std::array<std::int64_t, N>& sizes) {
-  constexpr std::size_t k = haliax::detail::index_of_v<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>;
-  axis_split s;
-  s.n = sizes[k];
-  for (std::size_t i = 0; i < k; ++i) s.outer *= sizes[i];
-  for (std::size_t i = k + 1; i < N; ++i) s.inner *= sizes[i];
-  return s;
-}
-
-enum class axis_op { softmax, log_softmax, logsumexp, standardize };
-
 /// The strided kernel body for one block: `x` and `y` point at position (o, 0, i0); `out` is the reduced
 /// output at (o, i0) for logsumexp. `param` is epsilon for standardize.
-template <axis_op Op, class T, class V>
-KOKKOS_INLINE_FUNCTION void block_row(const T* x, T* y, T* out, std::int64_t n, std::int64_t inner, int b,
-                                      V param) {
+template <axis_op Op, class T>
+HALIAX_NN_INLINE void block_op(const T* x, T* y, T* out, std::int64_t n, std::int64_t inner, int b,
+                               compute_t<T> param) {
+  using V = compute_t<T>;
   constexpr int B = block_width;
   V a[B], s[B];
   if constexpr (Op == axis_op::standardize) {
@@ -328,8 +375,10 @@ KOKKOS_INLINE_FUNCTION void block_row(const T* x, T* y, T* out, std::int64_t n, 
       const T* p = x + j * inner;
       if constexpr (store_exp) {
         T* q = y + j * inner;
+        V v[B];
+        for (int t = 0; t < b; ++t) v[t] = ld(p, t);
         for (int t = 0; t < b; ++t) {
-          const V e = fast_exp(ld(p, t) - a[t]);
+          const V e = fast_exp(v[t] - a[t]);
           q[t] = e;
           s[t] += e;
         }
@@ -361,31 +410,109 @@ KOKKOS_INLINE_FUNCTION void block_row(const T* x, T* y, T* out, std::int64_t n, 
   }
 }
 
-/// Runs an axis-wise op over x (split into outer x n x inner). `y` has x's shape (unused for logsumexp);
+/// A full block gets a compile-time trip count so its inner loops vectorise.
+template <axis_op Op, class T>
+HALIAX_NN_INLINE void block_op_any(const T* x, T* y, T* out, std::int64_t n, std::int64_t inner, int b,
+                                   compute_t<T> param) {
+  if (b == block_width) {
+    block_op<Op>(x, y, out, n, inner, block_width, param);
+  } else {
+    block_op<Op>(x, y, out, n, inner, b, param);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Host ISA dispatch. Without -march flags the compiler targets SSE2 only; on x86-64 hosts with gcc or clang
+// the same kernels are also compiled for AVX2 and AVX-512 and chosen once per call from the running CPU.
+// Device builds (CUDA, HIP, SYCL) never see this.
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL) &&      \
+    !defined(HALIAX_NO_ISA_DISPATCH)
+#define HALIAX_NN_ISA_DISPATCH 1
+#endif
+
+enum class host_isa { generic, avx2, avx512 };
+
+#ifdef HALIAX_NN_ISA_DISPATCH
+inline host_isa detect_host_isa() {
+  static const host_isa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return host_isa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return host_isa::avx2;
+    return host_isa::generic;
+  }();
+  return isa;
+}
+
+template <axis_op Op, class T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void row_op_avx512(
+    const T* x, T* y, T* out, std::int64_t n, compute_t<T> param) {
+  row_op<Op, 64>(x, y, out, n, param);
+}
+template <axis_op Op, class T>
+__attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void row_op_avx2(const T* x, T* y, T* out, std::int64_t n,
+                                                                  compute_t<T> param) {
+  row_op<Op, 32>(x, y, out, n, param);
+}
+template <axis_op Op, class T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void block_op_avx512(
+    const T* x, T* y, T* out, std::int64_t n, std::int64_t inner, int b, compute_t<T> param) {
+  block_op_any<Op>(x, y, out, n, inner, b, param);
+}
+template <axis_op Op, class T>
+__attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void block_op_avx2(const T* x, T* y, T* out, std::int64_t n,
+                                                                    std::int64_t inner, int b,
+                                                                    compute_t<T> param) {
+  block_op_any<Op>(x, y, out, n, inner, b, param);
+}
+#else
+inline host_isa detect_host_isa() { return host_isa::generic; }
+#endif
+
+// ---------------------------------------------------------------------------------------------------------
+// The driver
+
+struct axis_split {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+
+template <class Axes, class A, std::size_t N>
+axis_split split_at(const std::array<std::int64_t, N>& sizes) {
+  constexpr std::size_t k = haliax::detail::index_of_v<haliax::detail::to_list<Axes>, std::remove_cvref_t<A>>;
+  axis_split s;
+  s.n = sizes[k];
+  for (std::size_t i = 0; i < k; ++i) s.outer *= sizes[i];
+  for (std::size_t i = k + 1; i < N; ++i) s.inner *= sizes[i];
+  return s;
+}
+
+/// Runs an axis-wise op over x (split into outer x n x inner). `y` has x's shape (null for logsumexp);
 /// `out` has shape outer x inner (logsumexp only).
 template <axis_op Op, class T>
 void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, compute_t<T> param = {}) {
-  using V = compute_t<T>;
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0) return;
+  [[maybe_unused]] const host_isa isa = detect_host_isa();
   if (inner == 1) {
     Kokkos::parallel_for(
         label, Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
           const T* xr = x + o * n;
-          T* yr = y + o * n;
-          if constexpr (Op == axis_op::softmax) {
-            softmax_row(xr, yr, n);
-          } else if constexpr (Op == axis_op::log_softmax) {
-            log_softmax_row(xr, yr, n);
-          } else if constexpr (Op == axis_op::logsumexp) {
-            const V m = safe_shift(row_max(xr, n));
-            st(out, o, m + haliax::detail::math::log(row_sum_exp<T>(xr, nullptr, n, m)));
-          } else {
-            const V mean = row_sum(xr, n) / static_cast<V>(n);
-            const V var = row_sum_sq_dev(xr, n, mean) / static_cast<V>(n);
-            const V scale = V(1) / haliax::detail::math::sqrt(var + param);
-            for (std::int64_t j = 0; j < n; ++j) st(yr, j, (ld(xr, j) - mean) * scale);
+          T* yr = Op == axis_op::logsumexp ? nullptr : y + o * n;
+          T* orow = Op == axis_op::logsumexp ? out + o : nullptr;
+#ifdef HALIAX_NN_ISA_DISPATCH
+          if (isa == host_isa::avx512) {
+            row_op_avx512<Op>(xr, yr, orow, n, param);
+            return;
           }
+          if (isa == host_isa::avx2) {
+            row_op_avx2<Op>(xr, yr, orow, n, param);
+            return;
+          }
+#endif
+          row_op<Op, 16>(xr, yr, orow, n, param);
         });
     return;
   }
@@ -397,14 +524,20 @@ void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, com
         const std::int64_t i0 = (w - o * nb) * B;
         const int b = inner - i0 < B ? static_cast<int>(inner - i0) : B;
         const std::int64_t base = o * n * inner + i0;
+        const T* xb = x + base;
         T* yb = Op == axis_op::logsumexp ? nullptr : y + base;
         T* ob = Op == axis_op::logsumexp ? out + o * inner + i0 : nullptr;
-        // A full block gets a compile-time trip count so its inner loops vectorise.
-        if (b == B) {
-          block_row<Op, T, V>(x + base, yb, ob, n, inner, B, param);
-        } else {
-          block_row<Op, T, V>(x + base, yb, ob, n, inner, b, param);
+#ifdef HALIAX_NN_ISA_DISPATCH
+        if (isa == host_isa::avx512) {
+          block_op_avx512<Op>(xb, yb, ob, n, inner, b, param);
+          return;
         }
+        if (isa == host_isa::avx2) {
+          block_op_avx2<Op>(xb, yb, ob, n, inner, b, param);
+          return;
+        }
+#endif
+        block_op_any<Op>(xb, yb, ob, n, inner, b, param);
       });
 }
 

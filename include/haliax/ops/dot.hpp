@@ -123,10 +123,7 @@ auto dot(const named_array<T, AxA>& a, const named_array<T, AxB>& b, C...) {
   const T* pa = ap.data();
   const T* pb = bp.data();
   T* pc = result.data();
-  for (std::int64_t i = 0; i < batch; ++i) {
-    detail::gemm<T>(L::a_as_is && L::a_trans, L::b_as_is && L::b_trans, m, n, k, pa + i * m * k, pb + i * k * n,
-                    pc + i * m * n);
-  }
+  detail::gemm_batched<T>(L::a_as_is && L::a_trans, L::b_as_is && L::b_trans, batch, m, n, k, pa, pb, pc);
 
   using out_list = typename detail::dot_out_order<typename L::default_out, Out>::type;
   return detail::as_layout<out_list>(result);

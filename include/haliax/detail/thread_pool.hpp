@@ -1,0 +1,128 @@
+// A small persistent thread pool for host work that must be deterministic: tasks are independent and write
+// disjoint outputs, so results never depend on how many threads run them or in which order. Used to run
+// GEMM row blocks with single-threaded BLAS calls (OpenBLAS's own threading changes results with the thread
+// count for some kernel types). Private.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace haliax::detail {
+
+class thread_pool {
+ public:
+  /// The process-wide pool. Its size is HALIAX_NUM_THREADS if set, else the number of hardware threads.
+  static thread_pool& instance() {
+    static thread_pool pool(default_size());
+    return pool;
+  }
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  /// Resizes the pool (the calling thread counts as one). Not to be called while work is running.
+  void resize(int n) {
+    stop_workers();
+    start_workers(n < 1 ? 1 : n);
+  }
+
+  /// Runs task(i) for i in [0, n), spread over the pool; returns when all are done. Tasks must not throw.
+  void run(std::int64_t n, const std::function<void(std::int64_t)>& task) {
+    if (n <= 0) return;
+    if (n == 1 || workers_.empty()) {
+      for (std::int64_t i = 0; i < n; ++i) task(i);
+      return;
+    }
+    std::unique_lock<std::mutex> run_lock(run_mutex_);  // one job at a time
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      task_ = &task;
+      n_tasks_ = n;
+      next_.store(0);
+      done_ = 0;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lk(m_);
+    done_cv_.wait(lk, [&] { return done_ == n_tasks_.load(); });
+    task_ = nullptr;
+  }
+
+  ~thread_pool() { stop_workers(); }
+
+ private:
+  explicit thread_pool(int n) { start_workers(n); }
+
+  static int default_size() {
+    if (const char* env = std::getenv("HALIAX_NUM_THREADS")) {
+      int n = std::atoi(env);
+      if (n > 0) return n;
+    }
+    unsigned hw = std::thread::hardware_concurrency();
+    return hw == 0 ? 1 : static_cast<int>(hw);
+  }
+
+  void start_workers(int n) {
+    stopping_ = false;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { loop(); });
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stopping_ = true;
+      ++generation_;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  void work() {
+    std::int64_t finished = 0;
+    for (;;) {
+      std::int64_t i = next_.fetch_add(1);
+      if (i >= n_tasks_) break;
+      (*task_.load())(i);
+      ++finished;
+    }
+    if (finished > 0) {
+      std::lock_guard<std::mutex> lk(m_);
+      done_ += finished;
+      if (done_ == n_tasks_) done_cv_.notify_all();
+    }
+  }
+
+  void loop() {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (stopping_) return;
+        if (task_ == nullptr) continue;
+      }
+      work();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  std::atomic<const std::function<void(std::int64_t)>*> task_{nullptr};
+  std::atomic<std::int64_t> n_tasks_{0};
+  std::atomic<std::int64_t> next_{0};
+  std::int64_t done_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace haliax::detail
