@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <haliax/haliax.hpp>
-#include <random>
 #include <string>
 #include <type_traits>
 
@@ -37,14 +36,11 @@ static void check(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-/// Gaussian test data (a fixed seed per call site), shaped by sized axes.
+/// Standard normal data from a JAX-compatible key (the same values `jax.random.normal` gives for this
+/// seed and shape).
 template <class... S>
 auto normal_data(unsigned seed, S... s) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v((static_cast<std::size_t>(s.size) * ... * std::size_t{1}));
-  for (auto& x : v) x = dist(gen);
-  return hax::from_host<float>(v, s...);
+  return hax::random::normal(hax::random::make_key(seed), s...);
 }
 
 // ---- 1. linear model --------------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ using hax::axes;
 
 namespace {
 
-inline constexpr struct Layer final : hax::axis<"layer"> {} Layer;
-inline constexpr struct K final : hax::axis<"k"> {} K;
+inline constexpr struct Layer final : hax::axis<"layer"> {
+} Layer;
+inline constexpr struct K final : hax::axis<"k"> {
+} K;
 
 using index_map = std::map<std::string, std::int64_t>;
 
@@ -85,9 +87,10 @@ template <class T>
 struct type_tag {};
 // Whether the expression compiles, with `x` an XYZ array and `ix` an int32 {x, w} array (made dependent, so
 // that a failed constraint is a `false`, not an error).
-#define COMPILES(...)                                                                                     \
-  ([]<class XYZ_, class IXW_>(type_tag<XYZ_>, type_tag<IXW_>) { return requires(XYZ_ x, IXW_ ix) { __VA_ARGS__; }; }( \
-      type_tag<XYZ>{}, type_tag<IXW>{}))
+#define COMPILES(...)                                           \
+  ([]<class XYZ_, class IXW_>(type_tag<XYZ_>, type_tag<IXW_>) { \
+    return requires(XYZ_ x, IXW_ ix) { __VA_ARGS__; };          \
+  }(type_tag<XYZ>{}, type_tag<IXW>{}))
 
 static_assert(COMPILES(hax::index(x, Y, 1)));
 static_assert(!COMPILES(hax::index(x, W, 1)), "index on a missing axis");
@@ -197,13 +200,19 @@ TEST_CASE("slice with a renamed axis") {
   auto k = hax::slice(x, Pos, KPos, 2, 5);
   static_assert(std::is_same_v<decltype(k)::axes_type, axes<KPos, Embed>>);
   CHECK(k.data() == x.data() + 6);  // leading axis: a view
-  check_against(k, [&](const index_map& m) { return hx.at({{"position", 2 + m.at("key_position")}, {"embed", m.at("embed")}}); });
+  check_against(k, [&](const index_map& m) {
+    return hx.at({{"position", 2 + m.at("key_position")}, {"embed", m.at("embed")}});
+  });
   auto k2 = hax::slice(x, Pos, 7, 5 * KPos);
   static_assert(std::is_same_v<decltype(k2), decltype(k)>);
-  check_against(k2, [&](const index_map& m) { return hx.at({{"position", 7 + m.at("key_position")}, {"embed", m.at("embed")}}); });
+  check_against(k2, [&](const index_map& m) {
+    return hx.at({{"position", 7 + m.at("key_position")}, {"embed", m.at("embed")}});
+  });
   auto e = hax::slice(x, Embed, Head, 1, 2);
   static_assert(std::is_same_v<decltype(e)::axes_type, axes<Pos, Head>>);
-  check_against(e, [&](const index_map& m) { return hx.at({{"position", m.at("position")}, {"embed", 1 + m.at("head")}}); });
+  check_against(e, [&](const index_map& m) {
+    return hx.at({{"position", m.at("position")}, {"embed", 1 + m.at("head")}});
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -321,9 +330,8 @@ TEST_CASE("updated_slice on several axes, with an update lacking axes") {
   auto kv = random_array(21, 3 * Embed, 2 * Head);  // one (layer, position) entry
   auto r = hax::updated_slice(cache, hax::starts(Layer, 2, Pos, 5), kv);
   auto hc = host(cache), hk = host(kv);
-  check_against(r, [&](const index_map& m) {
-    return (m.at("layer") == 2 && m.at("position") == 5) ? hk.at(m) : hc.at(m);
-  });
+  check_against(
+      r, [&](const index_map& m) { return (m.at("layer") == 2 && m.at("position") == 5) ? hk.at(m) : hc.at(m); });
   // A block smaller on two axes.
   auto blk = random_array(22, 2 * Pos, 2 * Embed, 4 * Layer, 2 * Head);
   auto s = hax::updated_slice(cache, hax::starts(Embed, 1, Pos, 3), blk);
@@ -335,7 +343,6 @@ TEST_CASE("updated_slice on several axes, with an update lacking axes") {
   });
   // Axes not named start at 0 (and starts clamp per axis).
   auto z = hax::updated_slice(cache, hax::starts(Pos, 100), kv);
-  check_against(z, [&](const index_map& m) {
-    return (m.at("layer") == 0 && m.at("position") == 5) ? hk.at(m) : hc.at(m);
-  });
+  check_against(
+      z, [&](const index_map& m) { return (m.at("layer") == 0 && m.at("position") == 5) ? hk.at(m) : hc.at(m); });
 }

@@ -16,12 +16,18 @@ using hax::ellipsis;
 
 namespace {
 
-inline constexpr struct Flat final : hax::axis<"flat"> {} Flat;
-inline constexpr struct A final : hax::axis<"a"> {} A;
-inline constexpr struct B final : hax::axis<"b"> {} B;
-inline constexpr struct C final : hax::axis<"c"> {} C;
-inline constexpr struct One final : hax::axis<"one"> {} One;
-inline constexpr struct Layers final : hax::axis<"layers"> {} Layers;
+inline constexpr struct Flat final : hax::axis<"flat"> {
+} Flat;
+inline constexpr struct A final : hax::axis<"a"> {
+} A;
+inline constexpr struct B final : hax::axis<"b"> {
+} B;
+inline constexpr struct C final : hax::axis<"c"> {
+} C;
+inline constexpr struct One final : hax::axis<"one"> {
+} One;
+inline constexpr struct Layers final : hax::axis<"layers"> {
+} Layers;
 
 using index_map = std::map<std::string, std::int64_t>;
 
@@ -101,11 +107,14 @@ template <class T>
 struct type_tag {};
 // Whether the expression compiles, with `x` an XYZ array and `xy` an XY array (made dependent, so that a
 // failed constraint is a `false`, not an error).
-#define COMPILES(...)                                                                                  \
-  ([]<class XYZ_, class XY_>(type_tag<XYZ_>, type_tag<XY_>) { return requires(XYZ_ x, XY_ xy) { __VA_ARGS__; }; }( \
-      type_tag<XYZ>{}, type_tag<XY>{}))
+#define COMPILES(...)                                         \
+  ([]<class XYZ_, class XY_>(type_tag<XYZ_>, type_tag<XY_>) { \
+    return requires(XYZ_ x, XY_ xy) { __VA_ARGS__; };         \
+  }(type_tag<XYZ>{}, type_tag<XY>{}))
 template <class Order>
-concept can_rearrange = requires(XYZ x) { hax::rearrange<Order>(x); };
+concept can_rearrange = requires(XYZ x) {
+  hax::rearrange<Order>(x);
+};
 static_assert(can_rearrange<axes<Z, X, Y>>);
 static_assert(can_rearrange<axes<Z, ellipsis>>);
 static_assert(can_rearrange<axes<ellipsis>>);
@@ -137,8 +146,7 @@ static_assert(!COMPILES(hax::split(x, W, 2 * A, 3 * B)), "splitting a missing ax
 static_assert(!COMPILES(hax::split(x, X, 2 * A, 3 * Y)), "a piece named like another axis");
 static_assert(!COMPILES(hax::unbind(x, W)));
 static_assert(!COMPILES(hax::roll(x, 1, W)));
-static_assert(!COMPILES(hax::concatenate(X, x, xy)),
-              "concatenating arrays with different axis sets");
+static_assert(!COMPILES(hax::concatenate(X, x, xy)), "concatenating arrays with different axis sets");
 static_assert(!COMPILES(hax::concatenate(W, x, x)), "concatenating along a missing axis");
 static_assert(!COMPILES(hax::stack(X, x, x)), "stacking along an existing axis");
 static_assert(!COMPILES(hax::stack(W, x, xy)));
@@ -159,10 +167,11 @@ TEST_CASE("rearrange: every permutation of a rank-3 array") {
 TEST_CASE("rearrange: every permutation of a rank-4 array") {
   auto x = random_array(2, 2 * W, 3 * X, 4 * Y, 5 * Z);
 #define P4(a, b, c, d) check_rearrange<axes<a, b, c, d>>(x);
-  P4(W, X, Y, Z) P4(W, X, Z, Y) P4(W, Y, X, Z) P4(W, Y, Z, X) P4(W, Z, X, Y) P4(W, Z, Y, X)
-  P4(X, W, Y, Z) P4(X, W, Z, Y) P4(X, Y, W, Z) P4(X, Y, Z, W) P4(X, Z, W, Y) P4(X, Z, Y, W)
-  P4(Y, W, X, Z) P4(Y, W, Z, X) P4(Y, X, W, Z) P4(Y, X, Z, W) P4(Y, Z, W, X) P4(Y, Z, X, W)
-  P4(Z, W, X, Y) P4(Z, W, Y, X) P4(Z, X, W, Y) P4(Z, X, Y, W) P4(Z, Y, W, X) P4(Z, Y, X, W)
+  P4(W, X, Y, Z)
+  P4(W, X, Z, Y) P4(W, Y, X, Z) P4(W, Y, Z, X) P4(W, Z, X, Y) P4(W, Z, Y, X) P4(X, W, Y, Z) P4(X, W, Z, Y)
+      P4(X, Y, W, Z) P4(X, Y, Z, W) P4(X, Z, W, Y) P4(X, Z, Y, W) P4(Y, W, X, Z) P4(Y, W, Z, X) P4(Y, X, W, Z)
+          P4(Y, X, Z, W) P4(Y, Z, W, X) P4(Y, Z, X, W) P4(Z, W, X, Y) P4(Z, W, Y, X) P4(Z, X, W, Y) P4(Z, X, Y, W)
+              P4(Z, Y, W, X) P4(Z, Y, X, W)
 #undef P4
 }
 
@@ -459,8 +468,8 @@ TEST_CASE("concatenate checks the other axes by name") {
                        doctest::Contains("haliax::concatenate: axis 'y' has size 3 in {x=2, y=3} but 4 in {y=4, x=5}"),
                        hax::shape_error);
   std::vector<hax::named_array<float, axes<X, Y>>> v{a, hax::zeros<float>(3 * X, 4 * Y)};
-  CHECK_THROWS_WITH_AS(hax::concatenate(Y, v), doctest::Contains("axis 'x' has size 2 in {x=2, y=3} but 3 in {x=3, y=4}"),
-                       hax::shape_error);
+  CHECK_THROWS_WITH_AS(hax::concatenate(Y, v),
+                       doctest::Contains("axis 'x' has size 2 in {x=2, y=3} but 3 in {x=3, y=4}"), hax::shape_error);
 }
 
 TEST_CASE("stack a vector and a pack with different orders") {
@@ -485,8 +494,8 @@ TEST_CASE("stack a vector and a pack with different orders") {
                        doctest::Contains("haliax::stack: axis 'x' has size 2 in {x=2, y=5} but 3 in {y=5, x=3}"),
                        hax::shape_error);
   v.push_back(hax::zeros<float>(2 * X, 4 * Y));
-  CHECK_THROWS_WITH_AS(hax::stack(Layers, v), doctest::Contains("axis 'y' has size 5 in {x=2, y=5} but 4 in {x=2, y=4}"),
-                       hax::shape_error);
+  CHECK_THROWS_WITH_AS(hax::stack(Layers, v),
+                       doctest::Contains("axis 'y' has size 5 in {x=2, y=5} but 4 in {x=2, y=4}"), hax::shape_error);
 }
 
 // ---------------------------------------------------------------------------------------------------------

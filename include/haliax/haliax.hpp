@@ -9,3 +9,4 @@
 #include "ops/dot.hpp"
 #include "ops/layout.hpp"
 #include "ops/indexing.hpp"
+#include "random.hpp"

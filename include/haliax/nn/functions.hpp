@@ -91,11 +91,55 @@ HALIAX_NN_INLINE float exp_f32(float x) {
   return p * s1 * s2;
 }
 
+/// exp for x in [-inf, 0] (no NaN): the softmax family's inner loop, where x is an element minus its row's
+/// finite max. Cheaper than exp_f32: one unsigned min clamps x below -200 (and -inf), and 2^n is built with
+/// one max. The polynomial returns 2 e^r and the scale is 2^(n-1), so results below about 2^-125
+/// (x < -86.99) are flushed to exactly 0 and no denormal is ever produced.
+HALIAX_NN_INLINE float exp_nonpos_f32(float x) {
+  std::uint32_t xb;
+  std::memcpy(&xb, &x, sizeof xb);
+  constexpr std::uint32_t minus_200 = 0xC3480000u;  // as unsigned, larger means more negative
+  xb = xb < minus_200 ? xb : minus_200;
+  float xc;
+  std::memcpy(&xc, &xb, sizeof xc);
+  constexpr float round_magic = 12582912.0f;
+  const float tn = xc * 1.44269504088896341f + round_magic;
+  const float n = tn - round_magic;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 3.9751383000e-4f;  // the Cephes coefficients times 2
+  p = p * r + 2.7963999014e-3f;
+  p = p * r + 1.6666903815e-2f;
+  p = p * r + 8.3331591788e-2f;
+  p = p * r + 3.3333330918e-1f;
+  p = p * r + 1.0000000240e+0f;
+  const float q = r * 2.0f + 2.0f;
+  p = p * (r * r) + q;
+  std::uint32_t tb;
+  std::memcpy(&tb, &tn, sizeof tb);
+  std::int32_t e = static_cast<std::int32_t>(tb - 0x4B3FFF82u);  // n + 126: the biased exponent of 2^(n-1)
+  e = e > 0 ? e : 0;
+  const std::uint32_t sb = static_cast<std::uint32_t>(e) << 23;
+  float scale;
+  std::memcpy(&scale, &sb, sizeof scale);
+  return p * scale;
+}
+
 /// exp in the compute type: the vectorisable one for float, the library one for double.
 template <class V>
 HALIAX_NN_INLINE V fast_exp(V x) {
   if constexpr (std::is_same_v<V, float>) {
     return exp_f32(x);
+  } else {
+    return haliax::detail::math::exp(x);
+  }
+}
+
+/// exp_nonpos_f32 for float, the library exp for double.
+template <class V>
+HALIAX_NN_INLINE V fast_exp_nonpos(V x) {
+  if constexpr (std::is_same_v<V, float>) {
+    return exp_nonpos_f32(x);
   } else {
     return haliax::detail::math::exp(x);
   }
@@ -139,32 +183,56 @@ template <class V, int VB>
 inline constexpr int exp_lanes = 2 * VB / static_cast<int>(sizeof(V));
 inline constexpr std::int64_t sum_chunk = 1024;
 
+/// Asks for the cache lines of L elements at p to be brought towards L2 (host only; a no-op elsewhere).
+/// The softmax family prefetches the next row during its compute-bound pass, so that the next row's
+/// memory-bound first pass reads from cache.
+template <int L, class T>
+HALIAX_NN_INLINE void prefetch_group(const T* p) {
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+  for (int c = 0; c < L * static_cast<int>(sizeof(T)); c += 64)
+    __builtin_prefetch(reinterpret_cast<const char*>(p) + c, 0, 2);
+#endif
+}
+
+/// The row's max, ignoring NaNs; `has_nan` tells whether there were any (counted alongside, which costs
+/// nothing in this memory-bound pass).
 template <int VB, class T>
-HALIAX_NN_INLINE compute_t<T> row_max(const T* x, std::int64_t n) {
+HALIAX_NN_INLINE compute_t<T> row_max(const T* x, std::int64_t n, bool& has_nan) {
   using V = compute_t<T>;
   constexpr int L = reduce_lanes<V, VB>;
   V m[L];
-  for (int k = 0; k < L; ++k) m[k] = neg_inf<V>();
+  std::int32_t nans[L];
+  for (int k = 0; k < L; ++k) {
+    m[k] = neg_inf<V>();
+    nans[k] = 0;
+  }
   std::int64_t j = 0;
   for (; j + L <= n; j += L) {
     const T* p = x + j;
     for (int k = 0; k < L; ++k) {
       const V v = ld(p, k);
       m[k] = v > m[k] ? v : m[k];
+      nans[k] += v != v;
     }
   }
   for (; j < n; ++j) {
     const V v = ld(x, j);
     m[0] = v > m[0] ? v : m[0];
+    nans[0] += v != v;
   }
   V r = m[0];
-  for (int k = 1; k < L; ++k) r = m[k] > r ? m[k] : r;
+  std::int32_t c = 0;
+  for (int k = 0; k < L; ++k) {
+    r = m[k] > r ? m[k] : r;
+    c |= nans[k];
+  }
+  has_nan = c != 0;
   return r;
 }
 
 /// sum_j f(x_j) in chunks; f(v) maps a loaded compute value to the summand.
 template <int L, class T, class F>
-HALIAX_NN_INLINE compute_t<T> row_sum_of(const T* x, std::int64_t n, F f) {
+HALIAX_NN_INLINE compute_t<T> row_sum_of(const T* x, std::int64_t n, F f, const T* next = nullptr) {
   using V = compute_t<T>;
   V total[L];
   for (int k = 0; k < L; ++k) total[k] = V(0);
@@ -174,6 +242,7 @@ HALIAX_NN_INLINE compute_t<T> row_sum_of(const T* x, std::int64_t n, F f) {
     V s[L];
     for (int k = 0; k < L; ++k) s[k] = V(0);
     for (; j + L <= end; j += L) {
+      if (next) prefetch_group<L>(next + j);
       const T* p = x + j;
       for (int k = 0; k < L; ++k) s[k] += f(ld(p, k));
     }
@@ -230,7 +299,7 @@ HALIAX_NN_INLINE void row_scale(T* y, std::int64_t n, compute_t<T> c) {
 
 /// sum_j f(x_j), also writing each f(x_j) to y (same element type as x).
 template <int L, class T, class F>
-HALIAX_NN_INLINE compute_t<T> row_map_sum(const T* x, T* y, std::int64_t n, F f) {
+HALIAX_NN_INLINE compute_t<T> row_map_sum(const T* x, T* y, std::int64_t n, F f, const T* next = nullptr) {
   using V = compute_t<T>;
   V total[L];
   for (int k = 0; k < L; ++k) total[k] = V(0);
@@ -239,7 +308,10 @@ HALIAX_NN_INLINE compute_t<T> row_map_sum(const T* x, T* y, std::int64_t n, F f)
     const std::int64_t end = j + sum_chunk < n ? j + sum_chunk : n;
     V s[L];
     for (int k = 0; k < L; ++k) s[k] = V(0);
-    for (; j + L <= end; j += L) map_sum_group<L>(x + j, y + j, s, f);
+    for (; j + L <= end; j += L) {
+      if (next) prefetch_group<L>(next + j);
+      map_sum_group<L>(x + j, y + j, s, f);
+    }
     for (int k = 0; k < L; ++k) total[k] += s[k];
   }
   for (; j < n; ++j) {
@@ -266,53 +338,73 @@ struct sq_dev_fn {
   V mean;
   HALIAX_NN_INLINE V operator()(V v) const { return (v - mean) * (v - mean); }
 };
-template <class V>
-struct exp_shift_fn {
+template <class V, bool NonPos>
+struct exp_shift_fn {  // exp(v - m); NonPos: v - m is known to be in [-inf, 0]
   V m;
-  HALIAX_NN_INLINE V operator()(V v) const { return fast_exp(v - m); }
+  HALIAX_NN_INLINE V operator()(V v) const {
+    if constexpr (NonPos) {
+      return fast_exp_nonpos(v - m);
+    } else {
+      return fast_exp(v - m);
+    }
+  }
 };
 template <class V>
 struct affine_fn {  // (v - shift) * scale
   V shift, scale;
   HALIAX_NN_INLINE V operator()(V v) const { return (v - shift) * scale; }
 };
-template <class V>
+template <class V, bool NonPos>
 struct exp_scale_fn {  // exp(v - m) * scale
   V m, scale;
-  HALIAX_NN_INLINE V operator()(V v) const { return fast_exp(v - m) * scale; }
+  HALIAX_NN_INLINE V operator()(V v) const { return exp_shift_fn<V, NonPos>{m}(v) * scale; }
 };
 
+/// The second and third passes of softmax, log_softmax and logsumexp over one row, given the shift m.
+template <axis_op Op, int VB, bool NonPos, class T>
+HALIAX_NN_INLINE void row_exp_op(const T* x, T* y, T* out, std::int64_t n, compute_t<T> m, const T* next) {
+  using V = compute_t<T>;
+  constexpr int L = exp_lanes<V, VB>;
+  // Where y holds values exactly (float, double) softmax writes the exps in the sum pass and rescales in
+  // place, so exp runs once per element; for bf16 they are recomputed to avoid rounding twice.
+  constexpr bool store_exp = Op == axis_op::softmax && std::is_same_v<T, V>;
+  V s;
+  if constexpr (store_exp) {
+    s = row_map_sum<L>(x, y, n, exp_shift_fn<V, NonPos>{m}, next);
+  } else {
+    s = row_sum_of<L>(x, n, exp_shift_fn<V, NonPos>{m}, next);
+  }
+  if constexpr (Op == axis_op::logsumexp) {
+    st(out, 0, m + haliax::detail::math::log(s));
+  } else if constexpr (Op == axis_op::log_softmax) {
+    row_map<L>(x, y, n, affine_fn<V>{m + haliax::detail::math::log(s), V(1)});
+  } else if constexpr (store_exp) {
+    row_scale<L>(y, n, V(1) / s);
+  } else {
+    row_map<L>(x, y, n, exp_scale_fn<V, NonPos>{m, V(1) / s});
+  }
+}
+
 /// One contiguous row of n elements: x -> y (softmax, log_softmax, standardize) or x -> *out (logsumexp).
-/// `param` is epsilon for standardize.
+/// `param` is epsilon for standardize; `next` (may be null) is the row to prefetch while computing.
 template <axis_op Op, int VB, class T>
-HALIAX_NN_INLINE void row_op(const T* x, T* y, T* out, std::int64_t n, compute_t<T> param) {
+HALIAX_NN_INLINE void row_op(const T* x, T* y, T* out, std::int64_t n, compute_t<T> param, const T* next) {
   using V = compute_t<T>;
   if constexpr (Op == axis_op::standardize) {
     constexpr int L = reduce_lanes<V, VB>;
     const V mean = row_sum_of<L>(x, n, identity_fn{}) / static_cast<V>(n);
-    const V var = row_sum_of<L>(x, n, sq_dev_fn<V>{mean}) / static_cast<V>(n);
+    const V var = row_sum_of<L>(x, n, sq_dev_fn<V>{mean}, next) / static_cast<V>(n);
     const V scale = V(1) / haliax::detail::math::sqrt(var + param);
     row_map<L>(x, y, n, affine_fn<V>{mean, scale});
   } else {
-    constexpr int L = exp_lanes<V, VB>;
-    const V m = safe_shift(row_max<VB>(x, n));
-    // Where y holds values exactly (float, double) softmax writes the exps in the sum pass and rescales in
-    // place, so exp runs once per element; for bf16 they are recomputed to avoid rounding twice.
-    constexpr bool store_exp = Op == axis_op::softmax && std::is_same_v<T, V>;
-    V s;
-    if constexpr (store_exp) {
-      s = row_map_sum<L>(x, y, n, exp_shift_fn<V>{m});
+    bool has_nan = false;
+    const V mx = row_max<VB>(x, n, has_nan);
+    // Common case: every x - max lies in [-inf, 0], so the cheaper exp applies. A NaN or +inf in the row
+    // takes the general exp, which propagates NaN as upstream does.
+    if (!has_nan && mx != -neg_inf<V>()) {
+      row_exp_op<Op, VB, true>(x, y, out, n, safe_shift(mx), next);
     } else {
-      s = row_sum_of<L>(x, n, exp_shift_fn<V>{m});
-    }
-    if constexpr (Op == axis_op::logsumexp) {
-      st(out, 0, m + haliax::detail::math::log(s));
-    } else if constexpr (Op == axis_op::log_softmax) {
-      row_map<L>(x, y, n, affine_fn<V>{m + haliax::detail::math::log(s), V(1)});
-    } else if constexpr (store_exp) {
-      row_scale<L>(y, n, V(1) / s);
-    } else {
-      row_map<L>(x, y, n, exp_scale_fn<V>{m, V(1) / s});
+      row_exp_op<Op, VB, false>(x, y, out, n, safe_shift(mx), next);
     }
   }
 }
@@ -449,13 +541,13 @@ inline host_isa detect_host_isa() {
 
 template <axis_op Op, class T>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void row_op_avx512(
-    const T* x, T* y, T* out, std::int64_t n, compute_t<T> param) {
-  row_op<Op, 64>(x, y, out, n, param);
+    const T* x, T* y, T* out, std::int64_t n, compute_t<T> param, const T* next) {
+  row_op<Op, 64>(x, y, out, n, param, next);
 }
 template <axis_op Op, class T>
 __attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void row_op_avx2(const T* x, T* y, T* out, std::int64_t n,
-                                                                  compute_t<T> param) {
-  row_op<Op, 32>(x, y, out, n, param);
+                                                                  compute_t<T> param, const T* next) {
+  row_op<Op, 32>(x, y, out, n, param, next);
 }
 template <axis_op Op, class T>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void block_op_avx512(
@@ -496,23 +588,25 @@ void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, com
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0) return;
   [[maybe_unused]] const host_isa isa = detect_host_isa();
+  constexpr bool host = std::is_same_v<haliax::memory_space, Kokkos::HostSpace>;
   if (inner == 1) {
     Kokkos::parallel_for(
         label, Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
           const T* xr = x + o * n;
           T* yr = Op == axis_op::logsumexp ? nullptr : y + o * n;
           T* orow = Op == axis_op::logsumexp ? out + o : nullptr;
+          const T* next = host && o + 1 < outer ? xr + n : nullptr;
 #ifdef HALIAX_NN_ISA_DISPATCH
           if (isa == host_isa::avx512) {
-            row_op_avx512<Op>(xr, yr, orow, n, param);
+            row_op_avx512<Op>(xr, yr, orow, n, param, next);
             return;
           }
           if (isa == host_isa::avx2) {
-            row_op_avx2<Op>(xr, yr, orow, n, param);
+            row_op_avx2<Op>(xr, yr, orow, n, param, next);
             return;
           }
 #endif
-          row_op<Op, 16>(xr, yr, orow, n, param);
+          row_op<Op, 16>(xr, yr, orow, n, param, next);
         });
     return;
   }

@@ -3,8 +3,8 @@
 //
 //   auto row = haliax::index(x, Pos, 3);                    // {batch, position, embed} -> {batch, embed}
 //   auto win = haliax::slice(x, Pos, 16, 32);               // position keeps its name, size 32
-//   auto emb = haliax::take(table, Vocab, ids);             // {vocab, embed} x {batch, position} -> {batch, position, embed}
-//   auto upd = haliax::updated_slice(cache, Pos, t, kv);    // a copy of cache with kv written at position t
+//   auto emb = haliax::take(table, Vocab, ids);             // {vocab, embed} x {batch, position} -> {batch, position,
+//   embed} auto upd = haliax::updated_slice(cache, Pos, t, kv);    // a copy of cache with kv written at position t
 //
 // Every op is constrained so that an axis the array lacks is a compile error at the call site. Index rules
 // (documented per op) follow upstream Haliax / JAX: `index` with an integer checks its range (numpy), `index`
@@ -53,9 +53,8 @@ struct axis_starts {
 namespace detail::indexing {
 template <class L, class Tuple, std::size_t... I>
 auto make_starts(const Tuple& t, std::index_sequence<I...>) {
-  return []<class... A>(mp::mp_list<A...>, auto... v) {
-    return axis_starts<A...>{{static_cast<std::int64_t>(v)...}};
-  }(L{}, std::get<2 * I + 1>(t)...);
+  return []<class... A>(mp::mp_list<A...>, auto... v) { return axis_starts<A...>{{static_cast<std::int64_t>(v)...}}; }(
+             L{}, std::get<2 * I + 1>(t)...);
 }
 
 template <class... P>
@@ -81,9 +80,8 @@ struct start_pairs<A, I, R...> {
 /// `{"position": t, "head": 0}`). Each axis at most once.
 ///   auto u = updated_slice(cache, starts(Layer, l, Pos, t), kv);
 template <class... P>
-  requires(sizeof...(P) > 0) && detail::indexing::start_pairs<P...>::valid &&
-          detail::is_unique_v<typename detail::indexing::start_pairs<P...>::axes_list>
-auto starts(P... p) {
+requires(sizeof...(P) > 0) && detail::indexing::start_pairs<P...>::valid&& detail::is_unique_v<
+                                  typename detail::indexing::start_pairs<P...>::axes_list> auto starts(P... p) {
   using L = typename detail::indexing::start_pairs<P...>::axes_list;
   return detail::indexing::make_starts<L>(std::tuple{p...}, std::make_index_sequence<sizeof...(P) / 2>{});
 }
@@ -122,7 +120,7 @@ concept StartsOf = AxisList<Axes> && detail::indexing::starts_of<std::remove_cvr
 /// Every axis of `AxU` is an axis of `Axes` (an update that fits into an array by name).
 template <class AxU, class Axes>
 concept SubAxesOf = AxisList<AxU> && AxisList<Axes> &&
-                    detail::subset_v<detail::to_list<std::remove_cvref_t<AxU>>, detail::to_list<std::remove_cvref_t<Axes>>>;
+    detail::subset_v<detail::to_list<std::remove_cvref_t<AxU>>, detail::to_list<std::remove_cvref_t<Axes>>>;
 
 // ---------------------------------------------------------------------------------------------------------
 // index / slice
@@ -133,8 +131,8 @@ concept SubAxesOf = AxisList<AxU> && AxisList<Axes> &&
 ///   auto row = index(x, Pos, 3);     // {batch, position, embed} -> {batch, embed}
 ///   auto last = index(x, Pos, -1);
 template <class T, class Axes, AxisTag Ax>
-  requires AxisOf<Ax, Axes>
-named_array<T, detail::layout::without_axis<Axes, Ax>> index(const named_array<T, Axes>& x, Ax, std::int64_t i) {
+requires AxisOf<Ax, Axes> named_array<T, detail::layout::without_axis<Axes, Ax>> index(const named_array<T, Axes>& x,
+                                                                                       Ax, std::int64_t i) {
   using namespace detail;
   using R = layout::without_axis<Axes, Ax>;
   constexpr std::size_t k = indexing::axis_pos<Ax, Axes>;
@@ -153,8 +151,7 @@ named_array<T, detail::layout::without_axis<Axes, Ax>> index(const named_array<T
 ///   auto w = index(x, Pos, dslice{8, 4});    // position: 8..11
 ///   auto b = index(x, Pos, dblock(2, 16));   // position: 32..47
 template <class T, class Axes, AxisTag Ax>
-  requires AxisOf<Ax, Axes>
-named_array<T, Axes> index(const named_array<T, Axes>& x, Ax, dslice d) {
+requires AxisOf<Ax, Axes> named_array<T, Axes> index(const named_array<T, Axes>& x, Ax, dslice d) {
   using namespace detail;
   constexpr std::size_t k = indexing::axis_pos<Ax, Axes>;
   const std::int64_t n = x.sizes()[k];
@@ -172,8 +169,8 @@ named_array<T, Axes> index(const named_array<T, Axes>& x, Ax, dslice d) {
   if (hi > lo) {
     const std::int64_t outer = layout::product(x.sizes(), 0, k);
     const std::int64_t inner = layout::product(x.sizes(), k + 1, Axes::rank);
-    layout::copy_rows<T>("haliax::index", r.data() + (lo - d.start) * inner, d.length * inner,
-                         x.data() + lo * inner, n * inner, outer, (hi - lo) * inner);
+    layout::copy_rows<T>("haliax::index", r.data() + (lo - d.start) * inner, d.length * inner, x.data() + lo * inner,
+                         n * inner, outer, (hi - lo) * inner);
   }
   return r;
 }
@@ -184,8 +181,8 @@ named_array<T, Axes> index(const named_array<T, Axes>& x, Ax, dslice d) {
 /// throws `shape_error`. Shares x's buffer when the slice is contiguous in it, else copies.
 ///   auto w = slice(x, Pos, 16, 32);   // {batch, position=128} -> {batch, position=32}, positions 16..47
 template <class T, class Axes, AxisTag Ax>
-  requires AxisOf<Ax, Axes>
-named_array<T, Axes> slice(const named_array<T, Axes>& x, Ax, std::int64_t start, std::int64_t length) {
+requires AxisOf<Ax, Axes> named_array<T, Axes> slice(const named_array<T, Axes>& x, Ax, std::int64_t start,
+                                                     std::int64_t length) {
   using namespace detail;
   constexpr std::size_t k = indexing::axis_pos<Ax, Axes>;
   const std::int64_t n = x.sizes()[k];
@@ -203,9 +200,8 @@ named_array<T, Axes> slice(const named_array<T, Axes>& x, Ax, std::int64_t start
 /// `slice(x, axis, new_axis, start, length)`), e.g. to take key positions out of positions.
 ///   auto k = slice(x, Pos, KPos, 0, t);   // {position=128, embed} -> {key_position=t, embed}
 template <class T, class Axes, AxisTag Ax, AxisTag New>
-  requires AxisOf<Ax, Axes> && ReplacementFor<New, Ax, Axes>
-named_array<T, detail::layout::replaced_axis<Axes, Ax, New>> slice(const named_array<T, Axes>& x, Ax a, New,
-                                                                 std::int64_t start, std::int64_t length) {
+requires AxisOf<Ax, Axes> && ReplacementFor<New, Ax, Axes> named_array<T, detail::layout::replaced_axis<Axes, Ax, New>>
+slice(const named_array<T, Axes>& x, Ax a, New, std::int64_t start, std::int64_t length) {
   auto r = slice(x, a, start, length);
   return {r.view(), r.sizes()};
 }
@@ -214,9 +210,8 @@ named_array<T, detail::layout::replaced_axis<Axes, Ax, New>> slice(const named_a
 /// `slice(x, axis, start=, length=Axis)`).
 ///   auto k = slice(x, Pos, 0, 64 * KPos);   // {position=128, embed} -> {key_position=64, embed}
 template <class T, class Axes, AxisTag Ax, AxisTag New>
-  requires AxisOf<Ax, Axes> && ReplacementFor<New, Ax, Axes>
-named_array<T, detail::layout::replaced_axis<Axes, Ax, New>> slice(const named_array<T, Axes>& x, Ax a,
-                                                                 std::int64_t start, sized_axis<New> length) {
+requires AxisOf<Ax, Axes> && ReplacementFor<New, Ax, Axes> named_array<T, detail::layout::replaced_axis<Axes, Ax, New>>
+slice(const named_array<T, Axes>& x, Ax a, std::int64_t start, sized_axis<New> length) {
   return slice(x, a, New{}, start, length.size);
 }
 
@@ -232,7 +227,7 @@ named_array<T, detail::layout::replaced_axis<Axes, Ax, New>> slice(const named_a
 ///   auto e = take(table, Vocab, ids);          // {vocab, embed} x {batch, position} -> {batch, position, embed}
 ///   auto p = take(logits, Vocab, targets);     // {batch, position, vocab} x {batch, position} -> {batch, position}
 template <class T, class Axes, AxisTag Ax, class AxI>
-  requires AxisOf<Ax, Axes>
+requires AxisOf<Ax, Axes>
 auto take(const named_array<T, Axes>& x, Ax, const named_array<std::int32_t, AxI>& idx,
           gather_mode mode = gather_mode::clip, std::type_identity_t<T> fill_value = T{}) {
   using namespace detail;
@@ -249,9 +244,8 @@ auto take(const named_array<T, Axes>& x, Ax, const named_array<std::int32_t, AxI
     const auto sx = x.sizes()[index_of_v<LX, Tag>];
     const auto si = idx.sizes()[index_of_v<LI, Tag>];
     if (sx != si)
-      throw shape_error("haliax::take: axis '" + std::string(Tag::name) + "' has size " + std::to_string(sx) +
-                        " in " + x.shape_string() + " but " + std::to_string(si) + " in the indices " +
-                        idx.shape_string());
+      throw shape_error("haliax::take: axis '" + std::string(Tag::name) + "' has size " + std::to_string(sx) + " in " +
+                        x.shape_string() + " but " + std::to_string(si) + " in the indices " + idx.shape_string());
   });
 
   const auto xs = row_major_strides(x.sizes());
@@ -291,38 +285,34 @@ auto take(const named_array<T, Axes>& x, Ax, const named_array<std::int32_t, AxI
   const T* px = x.data();
   const std::int32_t* pi = idx.data();
   T* po = r.data();
-  layout::run_plan<3>("haliax::take", plan,
-                      KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t m) {
-                        for (std::int64_t j = 0; j < m; ++j) {
-                          std::int64_t t = pi[off[2] + j * s[2]];
-                          if (t < 0 || t >= n) {
-                            if (!clip) {
-                              po[off[0] + j * s[0]] = fill_v;
-                              continue;
-                            }
-                            t = t < 0 ? 0 : n - 1;
-                          }
-                          po[off[0] + j * s[0]] = px[off[1] + j * s[1] + t * ax_stride];
-                        }
-                      });
+  layout::run_plan<3>(
+      "haliax::take", plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t m) {
+        for (std::int64_t j = 0; j < m; ++j) {
+          std::int64_t t = pi[off[2] + j * s[2]];
+          if (t < 0 || t >= n) {
+            if (!clip) {
+              po[off[0] + j * s[0]] = fill_v;
+              continue;
+            }
+            t = t < 0 ? 0 : n - 1;
+          }
+          po[off[0] + j * s[0]] = px[off[1] + j * s[1] + t * ax_stride];
+        }
+      });
   return r;
 }
 
 /// `index(x, Ax, idx)` with an index array is `take(x, Ax, idx)` (upstream advanced indexing by a NamedArray).
 ///   auto e = index(table, Vocab, ids);   // {vocab, embed} x {batch, position} -> {batch, position, embed}
 template <class T, class Axes, AxisTag Ax, class AxI>
-  requires AxisOf<Ax, Axes>
-auto index(const named_array<T, Axes>& x, Ax a, const named_array<std::int32_t, AxI>& idx) {
-  return take(x, a, idx);
-}
+requires AxisOf<Ax, Axes>
+auto index(const named_array<T, Axes>& x, Ax a, const named_array<std::int32_t, AxI>& idx) { return take(x, a, idx); }
 
 /// `take(x, Ax, i)` with an integer is `index(x, Ax, i)`: drops the axis.
 ///   auto row = take(x, Pos, 3);
 template <class T, class Axes, AxisTag Ax>
-  requires AxisOf<Ax, Axes>
-auto take(const named_array<T, Axes>& x, Ax a, std::int64_t i) {
-  return index(x, a, i);
-}
+requires AxisOf<Ax, Axes>
+auto take(const named_array<T, Axes>& x, Ax a, std::int64_t i) { return index(x, a, i); }
 
 // ---------------------------------------------------------------------------------------------------------
 // updated_slice
@@ -335,9 +325,8 @@ auto take(const named_array<T, Axes>& x, Ax a, std::int64_t i) {
 ///   auto c = updated_slice(cache, starts(Layer, l, Pos, t), kv);   // kv: {head, head_dim}
 ///   auto d = updated_slice(x, starts(Pos, 4), y);                   // y: {position=2, embed}
 template <class T, class Axes, class AxU, class... S>
-  requires SubAxesOf<AxU, Axes> && StartsOf<axis_starts<S...>, Axes>
-named_array<T, Axes> updated_slice(const named_array<T, Axes>& x, const axis_starts<S...>& at,
-                                   const named_array<T, AxU>& update) {
+requires SubAxesOf<AxU, Axes> && StartsOf<axis_starts<S...>, Axes> named_array<T, Axes> updated_slice(
+    const named_array<T, Axes>& x, const axis_starts<S...>& at, const named_array<T, AxU>& update) {
   using namespace detail;
   using LX = to_list<Axes>;
   using LU = to_list<AxU>;
@@ -375,9 +364,8 @@ named_array<T, Axes> updated_slice(const named_array<T, Axes>& x, const axis_sta
 /// `updated_slice(x, Ax, start, update)`: the single-axis form, `updated_slice(x, starts(Ax, start), update)`.
 ///   auto c = updated_slice(cache, Pos, t, kv);   // cache {position, embed}, kv {position=1, embed} or {embed}
 template <class T, class Axes, AxisTag Ax, class AxU>
-  requires AxisOf<Ax, Axes> && SubAxesOf<AxU, Axes>
-named_array<T, Axes> updated_slice(const named_array<T, Axes>& x, Ax a, std::int64_t start,
-                                   const named_array<T, AxU>& update) {
+requires AxisOf<Ax, Axes> && SubAxesOf<AxU, Axes> named_array<T, Axes> updated_slice(
+    const named_array<T, Axes>& x, Ax a, std::int64_t start, const named_array<T, AxU>& update) {
   return updated_slice(x, starts(a, start), update);
 }
 

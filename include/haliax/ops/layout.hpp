@@ -35,12 +35,12 @@ namespace haliax {
 /// `Ax` is an axis tag that is not an axis of `Axes` (a name a new axis may take).
 template <class Ax, class Axes>
 concept NewAxisFor = AxisTag<Ax> && AxisList<Axes> &&
-                     !detail::contains_v<detail::to_list<std::remove_cvref_t<Axes>>, std::remove_cvref_t<Ax>>;
+    !detail::contains_v<detail::to_list<std::remove_cvref_t<Axes>>, std::remove_cvref_t<Ax>>;
 
 /// Two axis lists hold the same axes, maybe in different orders.
 template <class AxA, class AxB>
 concept SameAxesAs = AxisList<AxA> && AxisList<AxB> &&
-                     detail::same_set_v<detail::to_list<std::remove_cvref_t<AxA>>, detail::to_list<std::remove_cvref_t<AxB>>>;
+    detail::same_set_v<detail::to_list<std::remove_cvref_t<AxA>>, detail::to_list<std::remove_cvref_t<AxB>>>;
 
 namespace detail::layout {
 
@@ -56,8 +56,8 @@ view_t<T> alloc(const char* label, std::int64_t n) {
 /// Elements [off, off + n) of a buffer, sharing it.
 template <class T>
 view_t<T> subbuffer(const view_t<T>& v, std::int64_t off, std::int64_t n) {
-  return Kokkos::subview(v, std::pair<std::size_t, std::size_t>(static_cast<std::size_t>(off),
-                                                                static_cast<std::size_t>(off + n)));
+  return Kokkos::subview(
+      v, std::pair<std::size_t, std::size_t>(static_cast<std::size_t>(off), static_cast<std::size_t>(off + n)));
 }
 
 template <std::size_t N>
@@ -143,21 +143,22 @@ void copy_strided(const char* label, int rank, T* dst, const std::int64_t* dst_s
         return;
       }
   }
-  run_plan<2>(label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
-    T* o = dst + off[0];
-    const T* in = src + off[1];
-    if (s[0] == 1 && s[1] == 1) {
-      for (std::int64_t j = 0; j < n; ++j) o[j] = in[j];
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) o[j * s[0]] = in[j * s[1]];
-    }
-  });
+  run_plan<2>(
+      label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
+        T* o = dst + off[0];
+        const T* in = src + off[1];
+        if (s[0] == 1 && s[1] == 1) {
+          for (std::int64_t j = 0; j < n; ++j) o[j] = in[j];
+        } else {
+          for (std::int64_t j = 0; j < n; ++j) o[j * s[0]] = in[j * s[1]];
+        }
+      });
 }
 
 /// `rows` rows of `width` contiguous elements: dst[r * dst_row + c] = src[r * src_row + c].
 template <class T>
-void copy_rows(const char* label, T* dst, std::int64_t dst_row, const T* src, std::int64_t src_row,
-               std::int64_t rows, std::int64_t width) {
+void copy_rows(const char* label, T* dst, std::int64_t dst_row, const T* src, std::int64_t src_row, std::int64_t rows,
+               std::int64_t width) {
   if (rows <= 0 || width <= 0) return;
   const std::int64_t ext[2] = {rows, width};
   const std::int64_t ds[2] = {dst_row, 1};
@@ -222,9 +223,9 @@ void check_sizes_except(std::string_view op, const std::array<std::int64_t, N>& 
     constexpr auto ia = index_of_v<LA, Tag>;
     constexpr auto ib = index_of_v<LB, Tag>;
     if (sa[ia] != sb[ib])
-      throw shape_error(std::string(op) + ": axis '" + std::string(Tag::name) + "' has size " +
-                        std::to_string(sa[ia]) + " in " + shape_string(axis_names<AxA>(), sa) + " but " +
-                        std::to_string(sb[ib]) + " in " + shape_string(axis_names<AxB>(), sb));
+      throw shape_error(std::string(op) + ": axis '" + std::string(Tag::name) + "' has size " + std::to_string(sa[ia]) +
+                        " in " + shape_string(axis_names<AxA>(), sa) + " but " + std::to_string(sb[ib]) + " in " +
+                        shape_string(axis_names<AxB>(), sb));
   });
 }
 
@@ -232,8 +233,7 @@ template <class... S>
 std::string sized_list_string(const S&... s) {
   std::string r = "{";
   bool first = true;
-  ((r += (first ? "" : ", "), r += std::string(S::axis_type::name) + "=" + std::to_string(s.size), first = false),
-   ...);
+  ((r += (first ? "" : ", "), r += std::string(S::axis_type::name) + "=" + std::to_string(s.size), first = false), ...);
   return r + "}";
 }
 
@@ -295,8 +295,8 @@ struct flatten {
   using rest = difference<mp::mp_drop_c<LX, first>, LO>;
   using intermediate = mp::mp_append<before, LO, rest>;  // the old axes gathered where the first one was
   using result = mp::mp_append<before, mp::mp_list<New>, rest>;
-  static constexpr bool valid = !mp::mp_empty<LO>::value && is_unique_v<LO> && subset_v<LO, LX> &&
-                                !contains_v<difference<LX, LO>, New>;
+  static constexpr bool valid =
+      !mp::mp_empty<LO>::value && is_unique_v<LO> && subset_v<LO, LX> && !contains_v<difference<LX, LO>, New>;
 };
 
 // ---- unflatten_axis ---------------------------------------------------------------------------------
@@ -314,36 +314,35 @@ struct unflatten {
 /// for the rest (upstream `PartialAxisSpec` with at most one `...`).
 template <class Order, class Axes>
 concept ArrangementOf = AxisList<Order> && AxisList<Axes> &&
-                        detail::valid_order_v<detail::to_list<std::remove_cvref_t<Axes>>,
-                                              detail::to_list<std::remove_cvref_t<Order>>>;
+    detail::valid_order_v<detail::to_list<std::remove_cvref_t<Axes>>, detail::to_list<std::remove_cvref_t<Order>>>;
 
 /// `P...` is a list of pairs `Old, New` that renames axes of `Axes`: every Old is an axis of it (each at most
 /// once) and the renamed list has no duplicate (a New may be an existing axis only if that one is renamed too).
 template <class Axes, class... P>
-concept RenamingOf = AxisList<Axes> && sizeof...(P) > 0 && (AxisTag<P> && ...) &&
-                     detail::layout::rename_pairs<detail::to_list<Axes>, std::remove_cvref_t<P>...>::valid;
+concept RenamingOf =
+    AxisList<Axes> && sizeof...(P) > 0 &&
+    (AxisTag<P> && ...) && detail::layout::rename_pairs<detail::to_list<Axes>, std::remove_cvref_t<P>...>::valid;
 
 /// `Old` (an axis list) can be flattened into the axis `New` in an array with axes `Axes`: Old is non-empty,
 /// has no duplicate, holds axes of `Axes` only, and New is not one of the axes that remain.
 template <class Old, class New, class Axes>
-concept FlattenableInto =
-    AxisList<Old> && AxisTag<New> && AxisList<Axes> &&
+concept FlattenableInto = AxisList<Old> && AxisTag<New> && AxisList<Axes> &&
     detail::layout::flatten<detail::to_list<Axes>, detail::to_list<Old>, std::remove_cvref_t<New>>::valid;
 
 /// `Ax` is an axis of `Axes` and the new axes `New...` (tags) can take its place without duplicates.
 template <class Ax, class Axes, class... New>
 concept UnflattenableInto =
-    AxisTag<Ax> && AxisList<Axes> && (AxisTag<New> && ...) &&
+    AxisTag<Ax> && AxisList<Axes> &&(AxisTag<New>&&...) &&
     detail::layout::unflatten<detail::to_list<Axes>, std::remove_cvref_t<Ax>, detail::mp::mp_list<New...>>::valid;
 
 /// `New` can replace the axis `Ax` of `Axes` (same axis, or one not already in `Axes`).
 template <class New, class Ax, class Axes>
 concept ReplacementFor = AxisOf<Ax, Axes> && AxisTag<New> &&
-                         (std::same_as<std::remove_cvref_t<New>, std::remove_cvref_t<Ax>> || NewAxisFor<New, Axes>);
+    (std::same_as<std::remove_cvref_t<New>, std::remove_cvref_t<Ax>> || NewAxisFor<New, Axes>);
 
 namespace detail::layout {
 template <class Order, class Axes>
-  requires ArrangementOf<Order, Axes>
+requires ArrangementOf<Order, Axes>
 using arranged_axes = to_axes<resolve_order<to_list<Axes>, to_list<Order>>>;
 
 template <class Axes, class Ax>
@@ -365,8 +364,8 @@ using replaced_axis = to_axes<replace<to_list<Axes>, std::remove_cvref_t<Ax>, st
 ///   auto y = rearrange<axes<Embed, Batch>>(x);                  // {batch, embed} -> {embed, batch}
 ///   auto z = rearrange<axes<Batch, ellipsis, Embed>>(w);        // {pos, embed, batch} -> {batch, pos, embed}
 template <class Order, class T, class Axes>
-  requires ArrangementOf<Order, Axes>
-named_array<T, detail::layout::arranged_axes<Order, Axes>> rearrange(const named_array<T, Axes>& x) {
+requires ArrangementOf<Order, Axes> named_array<T, detail::layout::arranged_axes<Order, Axes>> rearrange(
+    const named_array<T, Axes>& x) {
   using R = detail::layout::arranged_axes<Order, Axes>;
   if constexpr (std::is_same_v<R, Axes>) {
     return x;
@@ -380,17 +379,15 @@ named_array<T, detail::layout::arranged_axes<Order, Axes>> rearrange(const named
 /// `rearrange(x, axes<Embed, Batch>{})`: the same with the order passed as a value.
 ///   auto y = rearrange(x, axes<Embed, Batch>{});
 template <class T, class Axes, AxisList Order>
-  requires ArrangementOf<Order, Axes>
-auto rearrange(const named_array<T, Axes>& x, Order) {
-  return rearrange<Order>(x);
-}
+requires ArrangementOf<Order, Axes>
+auto rearrange(const named_array<T, Axes>& x, Order) { return rearrange<Order>(x); }
 
 /// `rearrange(x, Batch, ellipsis, Embed)`: the order written with the axis objects, as upstream's
 /// `rearrange(x, (Batch, ..., Embed))`.
 ///   auto y = rearrange(x, Embed, Batch);
 template <class T, class Axes, AxisTag... A>
-  requires(sizeof...(A) > 0) && ArrangementOf<detail::to_axes<detail::mp::mp_list<A...>>, Axes>
-auto rearrange(const named_array<T, Axes>& x, A...) {
+requires(sizeof...(A) > 0) && ArrangementOf<detail::to_axes<detail::mp::mp_list<A...>>, Axes> auto rearrange(
+                                  const named_array<T, Axes>& x, A...) {
   return rearrange<detail::to_axes<detail::mp::mp_list<A...>>>(x);
 }
 
@@ -401,8 +398,8 @@ auto rearrange(const named_array<T, Axes>& x, A...) {
 /// an axis of x and `New` must not be (renaming an axis to itself is allowed).
 ///   auto k = rename(x, Pos, KPos);   // {batch, position, embed} -> {batch, key_position, embed}
 template <class T, class Axes, AxisTag Old, AxisTag New>
-  requires AxisOf<Old, Axes> && ReplacementFor<New, Old, Axes>
-named_array<T, detail::layout::replaced_axis<Axes, Old, New>> rename(const named_array<T, Axes>& x, Old, New) {
+requires AxisOf<Old, Axes> && ReplacementFor<New, Old, Axes>
+    named_array<T, detail::layout::replaced_axis<Axes, Old, New>> rename(const named_array<T, Axes>& x, Old, New) {
   using namespace detail;
   return {x.view(), x.sizes(),
           layout::rename_sharding<mp::mp_list<std::remove_cvref_t<Old>>, mp::mp_list<std::remove_cvref_t<New>>>(
@@ -413,8 +410,7 @@ named_array<T, detail::layout::replaced_axis<Axes, Old, New>> rename(const named
 /// `rename(x, X, Y, Y, X)` swaps two names). Same buffer, no copy.
 ///   auto s = rename(x, Pos, KPos, Head, KHead);
 template <class T, class Axes, AxisTag... P>
-  requires(sizeof...(P) >= 4) && RenamingOf<Axes, P...>
-auto rename(const named_array<T, Axes>& x, P...) {
+requires(sizeof...(P) >= 4) && RenamingOf<Axes, P...> auto rename(const named_array<T, Axes>& x, P...) {
   using namespace detail;
   using pr = layout::pairs<std::remove_cvref_t<P>...>;
   using R = to_axes<layout::renamed<to_list<Axes>, typename pr::olds, typename pr::news>>;
@@ -433,7 +429,7 @@ auto rename(const named_array<T, Axes>& x, P...) {
 ///   auto f = flatten_axes<axes<Head, HeadDim>>(x, Embed);   // {batch, head, head_dim} -> {batch, embed}
 ///   auto g = flatten_axes<axes<Batch, Pos>>(y, Token);      // {batch, embed, position} -> {token, embed}
 template <class Old, class T, class Axes, AxisTag New>
-  requires FlattenableInto<Old, New, Axes>
+requires FlattenableInto<Old, New, Axes>
 auto flatten_axes(const named_array<T, Axes>& x, New) {
   using namespace detail;
   using F = layout::flatten<to_list<Axes>, to_list<Old>, std::remove_cvref_t<New>>;
@@ -456,16 +452,14 @@ auto flatten_axes(const named_array<T, Axes>& x, New) {
 /// `flatten_axes(x, axes<Head, HeadDim>{}, Embed)`: the same with the old axes passed as a value.
 ///   auto f = flatten_axes(x, axes<Head, HeadDim>{}, Embed);
 template <class T, class Axes, AxisList Old, AxisTag New>
-  requires FlattenableInto<Old, New, Axes>
-auto flatten_axes(const named_array<T, Axes>& x, Old, New n) {
-  return flatten_axes<Old>(x, n);
-}
+requires FlattenableInto<Old, New, Axes>
+auto flatten_axes(const named_array<T, Axes>& x, Old, New n) { return flatten_axes<Old>(x, n); }
 
 /// `flatten_axes<Old>(x, 768 * Embed)`: the same, checking that the product of the old sizes is 768
 /// (throws `shape_error` naming the shape otherwise).
 ///   auto f = flatten_axes<axes<Head, HeadDim>>(x, 768 * Embed);
 template <class Old, class T, class Axes, AxisTag New>
-  requires FlattenableInto<Old, New, Axes>
+requires FlattenableInto<Old, New, Axes>
 auto flatten_axes(const named_array<T, Axes>& x, sized_axis<New> n) {
   auto r = flatten_axes<Old>(x, New{});
   if (r.size(New{}) != n.size)
@@ -481,7 +475,7 @@ auto flatten_axes(const named_array<T, Axes>& x, sized_axis<New> n) {
 ///   auto h = unflatten_axis(x, Embed, 12 * Head, 64 * HeadDim);   // {batch, embed} -> {batch, head, head_dim}
 ///   auto s = unflatten_axis(y, One);                              // drops the size-1 axis One
 template <class T, class Axes, AxisTag Ax, SizedAxis... S>
-  requires AxisOf<Ax, Axes> && UnflattenableInto<Ax, Axes, typename S::axis_type...>
+requires AxisOf<Ax, Axes> && UnflattenableInto<Ax, Axes, typename S::axis_type...>
 auto unflatten_axis(const named_array<T, Axes>& x, Ax, S... new_axes) {
   using namespace detail;
   using U = layout::unflatten<to_list<Axes>, std::remove_cvref_t<Ax>, mp::mp_list<typename S::axis_type...>>;
@@ -510,8 +504,9 @@ auto unflatten_axis(const named_array<T, Axes>& x, Ax, S... new_axes) {
 /// `shape_error`). Returns a `std::tuple`. Pieces share x's buffer when contiguous in it, else are copies.
 ///   auto [q, k] = split(x, Embed, 64 * QDim, 64 * KDim);   // {pos, embed=128} -> {pos, q_dim}, {pos, k_dim}
 template <class T, class Axes, AxisTag Ax, SizedAxis... S>
-  requires(sizeof...(S) > 0) && AxisOf<Ax, Axes> && (ReplacementFor<typename S::axis_type, Ax, Axes> && ...)
-auto split(const named_array<T, Axes>& x, Ax, S... pieces) {
+requires(sizeof...(S) > 0) && AxisOf<Ax, Axes> &&
+    (ReplacementFor<typename S::axis_type, Ax, Axes> && ...) auto split(const named_array<T, Axes>& x, Ax,
+                                                                        S... pieces) {
   using namespace detail;
   using A = std::remove_cvref_t<Ax>;
   constexpr std::size_t k = index_of_v<to_list<Axes>, A>;
@@ -539,8 +534,8 @@ auto split(const named_array<T, Axes>& x, Ax, S... pieces) {
 /// contiguous in it, else are copies.
 ///   auto parts = split(qkv, Embed, {768, 768, 768});   // three {pos, embed=768} from {pos, embed=2304}
 template <class T, class Axes, AxisTag Ax>
-  requires AxisOf<Ax, Axes>
-std::vector<named_array<T, Axes>> split(const named_array<T, Axes>& x, Ax, const std::vector<std::int64_t>& sizes) {
+requires AxisOf<Ax, Axes> std::vector<named_array<T, Axes>> split(const named_array<T, Axes>& x, Ax,
+                                                                  const std::vector<std::int64_t>& sizes) {
   using namespace detail;
   using A = std::remove_cvref_t<Ax>;
   constexpr std::size_t k = index_of_v<to_list<Axes>, A>;
@@ -554,8 +549,7 @@ std::vector<named_array<T, Axes>> split(const named_array<T, Axes>& x, Ax, const
   }
   if (negative || total != x.sizes()[k])
     throw shape_error("haliax::split: sizes " + list + "] add up to " + std::to_string(total) + " but axis '" +
-                      std::string(A::name) + "' has size " + std::to_string(x.sizes()[k]) + " in " +
-                      x.shape_string());
+                      std::string(A::name) + "' has size " + std::to_string(x.sizes()[k]) + " in " + x.shape_string());
   std::vector<named_array<T, Axes>> out;
   out.reserve(sizes.size());
   std::int64_t start = 0;
@@ -572,8 +566,8 @@ std::vector<named_array<T, Axes>> split(const named_array<T, Axes>& x, Ax, const
 /// Slices share x's buffer when contiguous in it (e.g. Ax leading), else are copies.
 ///   auto layers = unbind(w, Layers);   // {layers, embed, mlp} -> vector of {embed, mlp}
 template <class T, class Axes, AxisTag Ax>
-  requires AxisOf<Ax, Axes>
-std::vector<named_array<T, detail::layout::without_axis<Axes, Ax>>> unbind(const named_array<T, Axes>& x, Ax) {
+requires AxisOf<Ax, Axes> std::vector<named_array<T, detail::layout::without_axis<Axes, Ax>>> unbind(
+    const named_array<T, Axes>& x, Ax) {
   using namespace detail;
   using A = std::remove_cvref_t<Ax>;
   using R = layout::without_axis<Axes, A>;
@@ -631,16 +625,16 @@ named_array<T, Axes> concatenate_impl(const named_array<T, Axes>& first, const n
 /// Ax's, which add up (else `shape_error` naming both shapes).
 ///   auto c = concatenate(Pos, a, b);   // {pos=3, embed}, {embed, pos=5} -> {pos=8, embed}
 template <AxisTag Ax, class T, class Axes, class... Rest>
-  requires AxisOf<Ax, Axes> && (SameAxesAs<Rest, Axes> && ...)
-named_array<T, Axes> concatenate(Ax, const named_array<T, Axes>& first, const named_array<T, Rest>&... rest) {
+requires AxisOf<Ax, Axes> &&
+    (SameAxesAs<Rest, Axes>&&...)named_array<T, Axes> concatenate(Ax, const named_array<T, Axes>& first,
+                                                                  const named_array<T, Rest>&... rest) {
   return detail::layout::concatenate_impl<std::remove_cvref_t<Ax>>(first, rest...);
 }
 
 /// `concatenate(Ax, std::vector<array>)`: the same over a run-time number of same-typed arrays (at least one).
 ///   auto c = concatenate(Pos, chunks);
 template <AxisTag Ax, class T, class Axes>
-  requires AxisOf<Ax, Axes>
-named_array<T, Axes> concatenate(Ax, const std::vector<named_array<T, Axes>>& arrays) {
+requires AxisOf<Ax, Axes> named_array<T, Axes> concatenate(Ax, const std::vector<named_array<T, Axes>>& arrays) {
   using namespace detail;
   using A = std::remove_cvref_t<Ax>;
   if (arrays.empty()) throw shape_error("haliax::concatenate: needs at least one array (got an empty vector)");
@@ -663,8 +657,8 @@ named_array<T, Axes> concatenate(Ax, const std::vector<named_array<T, Axes>>& ar
 /// `stack(axis, arrays)`). All must agree on every size (else `shape_error`); at least one array.
 ///   auto s = stack(Layers, blocks);   // n x {embed, mlp} -> {layers=n, embed, mlp}
 template <AxisTag New, class T, auto... A>
-  requires NewAxisFor<New, axes<A...>>
-named_array<T, detail::layout::prepended<New, axes<A...>>> stack(New, const std::vector<named_array<T, axes<A...>>>& arrays) {
+requires NewAxisFor<New, axes<A...>> named_array<T, detail::layout::prepended<New, axes<A...>>> stack(
+    New, const std::vector<named_array<T, axes<A...>>>& arrays) {
   using Axes = axes<A...>;
   using R = detail::layout::prepended<New, Axes>;
   if (arrays.empty()) throw shape_error("haliax::stack: needs at least one array (got an empty vector)");
@@ -676,8 +670,8 @@ named_array<T, detail::layout::prepended<New, axes<A...>>> stack(New, const std:
   auto r = named_array<T, R>::allocate(rs, "haliax::stack");
   const std::int64_t n = arrays[0].element_count();
   for (std::size_t i = 0; i < arrays.size(); ++i)
-    detail::layout::copy_rows<T>("haliax::stack", r.data() + static_cast<std::int64_t>(i) * n, 0, arrays[i].data(), 0, 1,
-                                 n);
+    detail::layout::copy_rows<T>("haliax::stack", r.data() + static_cast<std::int64_t>(i) * n, 0, arrays[i].data(), 0,
+                                 1, n);
   return r;
 }
 
@@ -685,9 +679,9 @@ named_array<T, detail::layout::prepended<New, axes<A...>>> stack(New, const std:
 /// rearranged to the first's order, as upstream does).
 ///   auto s = stack(Layers, a, b);   // {embed, mlp}, {mlp, embed} -> {layers=2, embed, mlp}
 template <AxisTag New, class T, auto... A, class... Rest>
-  requires NewAxisFor<New, axes<A...>> && (SameAxesAs<Rest, axes<A...>> && ...)
-named_array<T, detail::layout::prepended<New, axes<A...>>> stack(New, const named_array<T, axes<A...>>& first,
-                                                             const named_array<T, Rest>&... rest) {
+requires NewAxisFor<New, axes<A...>> &&(SameAxesAs<Rest, axes<A...>>&&...)
+    named_array<T, detail::layout::prepended<New, axes<A...>>> stack(New, const named_array<T, axes<A...>>& first,
+                                                                     const named_array<T, Rest>&... rest) {
   using Axes = axes<A...>;
   using R = detail::layout::prepended<New, Axes>;
   std::array<std::int64_t, R::rank> rs{};
@@ -714,8 +708,7 @@ named_array<T, detail::layout::prepended<New, axes<A...>>> stack(New, const name
 ///   auto r = roll(x, 1, Pos);    // pos [a b c d] -> [d a b c]
 ///   auto l = roll(x, -1, Pos);   // pos [a b c d] -> [b c d a]
 template <class T, class Axes, AxisTag Ax>
-  requires AxisOf<Ax, Axes>
-named_array<T, Axes> roll(const named_array<T, Axes>& x, std::int64_t shift, Ax) {
+requires AxisOf<Ax, Axes> named_array<T, Axes> roll(const named_array<T, Axes>& x, std::int64_t shift, Ax) {
   using namespace detail;
   constexpr std::size_t k = index_of_v<to_list<Axes>, std::remove_cvref_t<Ax>>;
   auto r = named_array<T, Axes>::allocate(x.sizes(), "haliax::roll");
