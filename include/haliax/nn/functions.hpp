@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../core.hpp"
 #include "../detail/math.hpp"
@@ -196,6 +197,18 @@ HALIAX_NN_INLINE void prefetch_group(const T* p) {
 
 /// The row's max, ignoring NaNs; `has_nan` tells whether there were any (counted alongside, which costs
 /// nothing in this memory-bound pass).
+/// The rows to prefetch while a row is being computed: the next row's input and output (either may be null).
+template <class T>
+struct prefetch_rows {
+  const T* x = nullptr;
+  const T* y = nullptr;
+  template <int L>
+  HALIAX_NN_INLINE void fetch(std::int64_t j) const {
+    if (x) prefetch_group<L>(x + j);
+    if (y) prefetch_group<L>(y + j);
+  }
+};
+
 template <int VB, class T>
 HALIAX_NN_INLINE compute_t<T> row_max(const T* x, std::int64_t n, bool& has_nan) {
   using V = compute_t<T>;
@@ -230,9 +243,15 @@ HALIAX_NN_INLINE compute_t<T> row_max(const T* x, std::int64_t n, bool& has_nan)
   return r;
 }
 
+/// A pass's side task (called with the pass's progress after every chunk): none.
+struct no_side {
+  HALIAX_NN_INLINE void operator()(std::int64_t) const {}
+};
+
 /// sum_j f(x_j) in chunks; f(v) maps a loaded compute value to the summand.
-template <int L, class T, class F>
-HALIAX_NN_INLINE compute_t<T> row_sum_of(const T* x, std::int64_t n, F f, const T* next = nullptr) {
+template <int L, class T, class F, class Side = no_side>
+HALIAX_NN_INLINE compute_t<T> row_sum_of(const T* x, std::int64_t n, F f, prefetch_rows<T> next = {},
+                                         Side side = {}) {
   using V = compute_t<T>;
   V total[L];
   for (int k = 0; k < L; ++k) total[k] = V(0);
@@ -242,11 +261,12 @@ HALIAX_NN_INLINE compute_t<T> row_sum_of(const T* x, std::int64_t n, F f, const 
     V s[L];
     for (int k = 0; k < L; ++k) s[k] = V(0);
     for (; j + L <= end; j += L) {
-      if (next) prefetch_group<L>(next + j);
+      next.template fetch<L>(j);
       const T* p = x + j;
       for (int k = 0; k < L; ++k) s[k] += f(ld(p, k));
     }
     for (int k = 0; k < L; ++k) total[k] += s[k];
+    side(j);
   }
   for (; j < n; ++j) total[0] += f(ld(x, j));
   V r = V(0);
@@ -298,8 +318,9 @@ HALIAX_NN_INLINE void row_scale(T* y, std::int64_t n, compute_t<T> c) {
 }
 
 /// sum_j f(x_j), also writing each f(x_j) to y (same element type as x).
-template <int L, class T, class F>
-HALIAX_NN_INLINE compute_t<T> row_map_sum(const T* x, T* y, std::int64_t n, F f, const T* next = nullptr) {
+template <int L, class T, class F, class Side = no_side>
+HALIAX_NN_INLINE compute_t<T> row_map_sum(const T* x, T* y, std::int64_t n, F f, prefetch_rows<T> next = {},
+                                          Side side = {}) {
   using V = compute_t<T>;
   V total[L];
   for (int k = 0; k < L; ++k) total[k] = V(0);
@@ -309,10 +330,11 @@ HALIAX_NN_INLINE compute_t<T> row_map_sum(const T* x, T* y, std::int64_t n, F f,
     V s[L];
     for (int k = 0; k < L; ++k) s[k] = V(0);
     for (; j + L <= end; j += L) {
-      if (next) prefetch_group<L>(next + j);
+      next.template fetch<L>(j);
       map_sum_group<L>(x + j, y + j, s, f);
     }
     for (int k = 0; k < L; ++k) total[k] += s[k];
+    side(j);
   }
   for (; j < n; ++j) {
     const V e = f(ld(x, j));
@@ -362,7 +384,7 @@ struct exp_scale_fn {  // exp(v - m) * scale
 
 /// The second and third passes of softmax, log_softmax and logsumexp over one row, given the shift m.
 template <axis_op Op, int VB, bool NonPos, class T>
-HALIAX_NN_INLINE void row_exp_op(const T* x, T* y, T* out, std::int64_t n, compute_t<T> m, const T* next) {
+HALIAX_NN_INLINE void row_exp_op(const T* x, T* y, T* out, std::int64_t n, compute_t<T> m, prefetch_rows<T> next) {
   using V = compute_t<T>;
   constexpr int L = exp_lanes<V, VB>;
   // Where y holds values exactly (float, double) softmax writes the exps in the sum pass and rescales in
@@ -388,7 +410,7 @@ HALIAX_NN_INLINE void row_exp_op(const T* x, T* y, T* out, std::int64_t n, compu
 /// One contiguous row of n elements: x -> y (softmax, log_softmax, standardize) or x -> *out (logsumexp).
 /// `param` is epsilon for standardize; `next` (may be null) is the row to prefetch while computing.
 template <axis_op Op, int VB, class T>
-HALIAX_NN_INLINE void row_op(const T* x, T* y, T* out, std::int64_t n, compute_t<T> param, const T* next) {
+HALIAX_NN_INLINE void row_op(const T* x, T* y, T* out, std::int64_t n, compute_t<T> param, prefetch_rows<T> next) {
   using V = compute_t<T>;
   if constexpr (Op == axis_op::standardize) {
     constexpr int L = reduce_lanes<V, VB>;
@@ -522,6 +544,7 @@ HALIAX_NN_INLINE void block_op_any(const T* x, T* y, T* out, std::int64_t n, std
     !defined(KOKKOS_ENABLE_CUDA) && !defined(KOKKOS_ENABLE_HIP) && !defined(KOKKOS_ENABLE_SYCL) &&      \
     !defined(HALIAX_NO_ISA_DISPATCH)
 #define HALIAX_NN_ISA_DISPATCH 1
+#include <immintrin.h>
 #endif
 
 enum class host_isa { generic, avx2, avx512 };
@@ -539,15 +562,145 @@ inline host_isa detect_host_isa() {
   return isa;
 }
 
+// Streaming output (host x86 only). For outputs much larger than the caches, the final values are written
+// with non-temporal stores: they skip the read-for-ownership of y, so a softmax moves the bytes of a copy
+// (read x, write y) instead of a third more. The rows are software-pipelined: row r-1 is written out while
+// row r's exps are computed, so the memory writes overlap the arithmetic. Softmax keeps each row's exps in
+// one of two per-thread scratch rows meanwhile.
+
+/// Outputs at least this large (bytes) are streamed.
+inline constexpr std::int64_t stream_min_bytes = std::int64_t(8) << 20;
+/// Rows up to this many elements use the scratch rows (larger rows take the cached path).
+inline constexpr std::int64_t stream_max_row = std::int64_t(1) << 22;
+/// Rows per work item on the streamed path (the pipeline runs within a work item).
+inline constexpr std::int64_t stream_rows_per_item = 64;
+
+inline float* host_scratch(std::int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(static_cast<std::size_t>(n));
+  return buf.data();
+}
+
+/// A row being written out: y_j = (src_j - shift) * scale for j < n, of which [0, done) is written.
+struct stream_cursor {
+  float* y = nullptr;
+  const float* src = nullptr;
+  std::int64_t n = 0, done = 0;
+  float shift = 0.0f, scale = 1.0f;
+};
+
+// Writes the cursor's row up to `upto` (the whole row when upto >= n). Streaming stores need aligned
+// addresses, so the first call writes the unaligned head with plain stores, intermediate calls stop at a
+// vector boundary, and the last writes the tail and fences. One version per ISA.
+#define HALIAX_NN_STREAM_ADVANCE(NAME, TARGET, W, VEC, SET1, LOADU, SUB, MUL, STREAM)                        \
+  TARGET inline void NAME(stream_cursor& c, std::int64_t upto) {                                           \
+    if (!c.y) return;                                                                                      \
+    const std::int64_t n = c.n;                                                                            \
+    std::int64_t j = c.done;                                                                               \
+    const bool last = upto >= n;                                                                           \
+    for (; j < n && (reinterpret_cast<std::uintptr_t>(c.y + j) & (4 * W - 1)) != 0; ++j)                  \
+      c.y[j] = (c.src[j] - c.shift) * c.scale;                                                             \
+    const VEC vs = SET1(c.shift), vc = SET1(c.scale);                                                      \
+    const std::int64_t lim = last ? n : upto;                                                              \
+    for (; j + W <= lim; j += W) STREAM(c.y + j, MUL(SUB(LOADU(c.src + j), vs), vc));                      \
+    if (last) {                                                                                            \
+      for (; j < n; ++j) c.y[j] = (c.src[j] - c.shift) * c.scale;                                          \
+      _mm_sfence();                                                                                        \
+      c.y = nullptr;                                                                                       \
+    }                                                                                                      \
+    c.done = j;                                                                                            \
+  }
+HALIAX_NN_STREAM_ADVANCE(stream_advance_avx512, __attribute__((target("avx512f"))), 16, __m512, _mm512_set1_ps,
+                         _mm512_loadu_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_stream_ps)
+HALIAX_NN_STREAM_ADVANCE(stream_advance_avx, __attribute__((target("avx"))), 8, __m256, _mm256_set1_ps,
+                         _mm256_loadu_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_stream_ps)
+HALIAX_NN_STREAM_ADVANCE(stream_advance_sse, , 4, __m128, _mm_set1_ps, _mm_loadu_ps, _mm_sub_ps, _mm_mul_ps,
+                         _mm_stream_ps)
+#undef HALIAX_NN_STREAM_ADVANCE
+
+/// The side task of a pass: advance the previous row's write-out in step with this row's progress.
+template <int VB>
+struct stream_side {
+  stream_cursor* c;
+  HALIAX_NN_INLINE void operator()(std::int64_t upto) const {
+    if constexpr (VB == 64) {
+      stream_advance_avx512(*c, upto);
+    } else if constexpr (VB == 32) {
+      stream_advance_avx(*c, upto);
+    } else {
+      stream_advance_sse(*c, upto);
+    }
+  }
+};
+
+/// Rows [r0, r1) of a float softmax, log_softmax or standardize with streamed output, pipelined.
+template <axis_op Op, int VB>
+HALIAX_NN_INLINE void stream_rows(const float* x, float* y, std::int64_t n, std::int64_t r0, std::int64_t r1,
+                                  float param) {
+  float* scratch = Op == axis_op::softmax ? host_scratch(2 * n) : nullptr;
+  int cur = 0;
+  stream_cursor prev;
+  const stream_side<VB> side{&prev};
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const prefetch_rows<float> next{r + 1 < r1 ? xr + n : nullptr, nullptr};
+    stream_cursor row;
+    if constexpr (Op == axis_op::standardize) {
+      constexpr int L = reduce_lanes<float, VB>;
+      const float mean = row_sum_of<L>(xr, n, identity_fn{}, {}, side) / static_cast<float>(n);
+      const float var = row_sum_of<L>(xr, n, sq_dev_fn<float>{mean}, next, side) / static_cast<float>(n);
+      row = {yr, xr, n, 0, mean, 1.0f / haliax::detail::math::sqrt(var + param)};
+    } else {
+      constexpr int L = exp_lanes<float, VB>;
+      bool has_nan = false;
+      const float mx = row_max<VB>(xr, n, has_nan);
+      if (has_nan || mx == -neg_inf<float>()) {  // rare: the general path, cached stores
+        side(n);
+        row_exp_op<Op, VB, false>(xr, yr, static_cast<float*>(nullptr), n, safe_shift(mx), next);
+        continue;
+      }
+      const float m = safe_shift(mx);
+      if constexpr (Op == axis_op::softmax) {
+        float* e = scratch + cur * n;
+        cur ^= 1;
+        const float s = row_map_sum<L>(xr, e, n, exp_shift_fn<float, true>{m}, next, side);
+        row = {yr, e, n, 0, 0.0f, 1.0f / s};
+      } else {
+        const float s = row_sum_of<L>(xr, n, exp_shift_fn<float, true>{m}, next, side);
+        row = {yr, xr, n, 0, m + haliax::detail::math::log(s), 1.0f};
+      }
+    }
+    side(n);
+    prev = row;
+  }
+  side(n);
+}
+
 template <axis_op Op, class T>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void row_op_avx512(
-    const T* x, T* y, T* out, std::int64_t n, compute_t<T> param, const T* next) {
+    const T* x, T* y, T* out, std::int64_t n, compute_t<T> param, prefetch_rows<T> next) {
   row_op<Op, 64>(x, y, out, n, param, next);
 }
 template <axis_op Op, class T>
 __attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void row_op_avx2(const T* x, T* y, T* out, std::int64_t n,
-                                                                  compute_t<T> param, const T* next) {
+                                                                  compute_t<T> param, prefetch_rows<T> next) {
   row_op<Op, 32>(x, y, out, n, param, next);
+}
+template <axis_op Op>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void stream_rows_avx512(
+    const float* x, float* y, std::int64_t n, std::int64_t r0, std::int64_t r1, float param) {
+  stream_rows<Op, 64>(x, y, n, r0, r1, param);
+}
+template <axis_op Op>
+__attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void stream_rows_avx2(const float* x, float* y, std::int64_t n,
+                                                                       std::int64_t r0, std::int64_t r1,
+                                                                       float param) {
+  stream_rows<Op, 32>(x, y, n, r0, r1, param);
+}
+template <axis_op Op>
+void stream_rows_sse(const float* x, float* y, std::int64_t n, std::int64_t r0, std::int64_t r1, float param) {
+  stream_rows<Op, 16>(x, y, n, r0, r1, param);
 }
 template <axis_op Op, class T>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void block_op_avx512(
@@ -590,12 +743,33 @@ void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, com
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   constexpr bool host = std::is_same_v<haliax::memory_space, Kokkos::HostSpace>;
   if (inner == 1) {
+#ifdef HALIAX_NN_ISA_DISPATCH
+    if constexpr (std::is_same_v<T, float> && Op != axis_op::logsumexp) {
+      if (n >= 1024 && n <= stream_max_row && outer * n * static_cast<std::int64_t>(sizeof(T)) >= stream_min_bytes) {
+        const std::int64_t items = (outer + stream_rows_per_item - 1) / stream_rows_per_item;
+        Kokkos::parallel_for(
+            label, Kokkos::RangePolicy<execution_space>(0, items), KOKKOS_LAMBDA(std::int64_t w) {
+              const std::int64_t r0 = w * stream_rows_per_item;
+              const std::int64_t r1 = r0 + stream_rows_per_item < outer ? r0 + stream_rows_per_item : outer;
+              if (isa == host_isa::avx512) {
+                stream_rows_avx512<Op>(x, y, n, r0, r1, param);
+              } else if (isa == host_isa::avx2) {
+                stream_rows_avx2<Op>(x, y, n, r0, r1, param);
+              } else {
+                stream_rows_sse<Op>(x, y, n, r0, r1, param);
+              }
+            });
+        return;
+      }
+    }
+#endif
     Kokkos::parallel_for(
         label, Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
           const T* xr = x + o * n;
           T* yr = Op == axis_op::logsumexp ? nullptr : y + o * n;
           T* orow = Op == axis_op::logsumexp ? out + o : nullptr;
-          const T* next = host && o + 1 < outer ? xr + n : nullptr;
+          prefetch_rows<T> next;
+          if (host && o + 1 < outer) next = {xr + n, yr ? yr + n : nullptr};
 #ifdef HALIAX_NN_ISA_DISPATCH
           if (isa == host_isa::avx512) {
             row_op_avx512<Op>(xr, yr, orow, n, param, next);
