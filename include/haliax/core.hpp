@@ -11,7 +11,10 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -49,6 +52,106 @@ template <class T>
 using compute_t = std::conditional_t<std::is_same_v<T, bf16>, float, T>;
 
 // ---------------------------------------------------------------------------------------------------------
+// Buffer cache
+//
+// Every op returns a new array, so a training step allocates the same buffers again and again. Fresh large
+// allocations come from mmap and pay a page fault per 4 KiB on first touch (measured here: a copy into a new
+// 823 MB array ran at 2.2 GB/s against 15 GB/s for a copy into an existing one). Like PyTorch's caching
+// allocator, haliax keeps released buffers and hands them out again for the same element type and size.
+// A buffer returns to the cache only when no view of it is left, so cached memory is never aliased.
+
+namespace detail {
+
+/// Upper bound of cached (idle) bytes across all element types: HALIAX_CACHE_MB, default 4096.
+inline std::size_t cache_limit_bytes() {
+  static const std::size_t limit = [] {
+    const char* env = std::getenv("HALIAX_CACHE_MB");
+    long long mb = env ? std::atoll(env) : 4096;
+    return static_cast<std::size_t>(mb < 0 ? 0 : mb) << 20;
+  }();
+  return limit;
+}
+
+struct cache_registry {
+  std::mutex m;
+  std::size_t cached_bytes = 0;
+  std::vector<void (*)()> clearers;
+  static cache_registry& instance() {
+    static cache_registry r;
+    return r;
+  }
+};
+
+template <class T>
+struct buffer_cache {
+  using view_type = Kokkos::View<T*, Kokkos::DefaultExecutionSpace::memory_space>;
+  std::unordered_multimap<std::size_t, view_type> idle;
+
+  static buffer_cache& instance() {
+    static buffer_cache* c = [] {
+      auto* p = new buffer_cache();  // never destroyed: views are released by clear() before finalize
+      auto& reg = cache_registry::instance();
+      std::lock_guard<std::mutex> lk(reg.m);
+      reg.clearers.push_back(&buffer_cache::clear);
+      return p;
+    }();
+    return *c;
+  }
+
+  /// A buffer of exactly n elements: an idle one if there is one, else a new allocation.
+  static view_type acquire(std::size_t n, const std::string& label) {
+    auto& c = instance();  // registers itself under the registry lock: call before taking it
+    auto& reg = cache_registry::instance();
+    {
+      std::lock_guard<std::mutex> lk(reg.m);
+      auto it = c.idle.find(n);
+      if (it != c.idle.end()) {
+        view_type v = std::move(it->second);
+        c.idle.erase(it);
+        reg.cached_bytes -= n * sizeof(T);
+        return v;
+      }
+    }
+    return view_type(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
+  }
+
+  /// Takes back a buffer no one references any more (else it is simply dropped).
+  static void release(view_type& v) {
+    if (v.use_count() != 1 || v.extent(0) == 0) return;
+    const std::size_t bytes = v.extent(0) * sizeof(T);
+    auto& c = instance();
+    auto& reg = cache_registry::instance();
+    std::lock_guard<std::mutex> lk(reg.m);
+    if (!Kokkos::is_initialized() || reg.cached_bytes + bytes > cache_limit_bytes()) return;
+    c.idle.emplace(v.extent(0), v);
+    v = view_type();
+    reg.cached_bytes += bytes;
+  }
+
+  static void clear() {
+    auto& c = instance();
+    for (auto& [n, v] : c.idle) cache_registry::instance().cached_bytes -= n * sizeof(T);
+    c.idle.clear();
+  }
+};
+
+/// Keeps a cached buffer leased to the arrays that share it; gives it back to the cache when the last goes.
+template <class T>
+struct buffer_lease {
+  typename buffer_cache<T>::view_type view;
+  ~buffer_lease() { buffer_cache<T>::release(view); }
+};
+
+}  // namespace detail
+
+/// Frees every idle cached buffer (memory in use by live arrays is untouched).
+inline void clear_buffer_cache() {
+  auto& reg = detail::cache_registry::instance();
+  std::lock_guard<std::mutex> lk(reg.m);
+  for (auto clear : reg.clearers) clear();
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Runtime
 
 /// Initialises Kokkos for the lifetime of the object (and finalises it after). Programs may create one in
@@ -65,7 +168,10 @@ class runtime {
   runtime(const runtime&) = delete;
   runtime& operator=(const runtime&) = delete;
   ~runtime() {
-    if (owner_ && Kokkos::is_initialized()) Kokkos::finalize();
+    if (owner_ && Kokkos::is_initialized()) {
+      clear_buffer_cache();
+      Kokkos::finalize();
+    }
   }
 
  private:
@@ -184,8 +290,11 @@ class named_array<T, axes<A...>> {
                           detail::shape_string(axis_names(), sizes));
       n *= s;
     }
-    view_type v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), static_cast<std::size_t>(n));
-    return named_array(std::move(v), sizes);
+    auto lease = std::make_shared<detail::buffer_lease<T>>();
+    lease->view = detail::buffer_cache<T>::acquire(static_cast<std::size_t>(n), std::string(label));
+    named_array r(lease->view, sizes);
+    r.lease_ = std::move(lease);
+    return r;
   }
 
   bool valid() const { return data_.data() != nullptr || element_count() == 0; }
@@ -255,6 +364,7 @@ class named_array<T, axes<A...>> {
   }
 
  private:
+  std::shared_ptr<detail::buffer_lease<T>> lease_;  // declared first: destroyed after data_
   view_type data_;
   shape_type sizes_{};
   haliax::sharding sharding_;
