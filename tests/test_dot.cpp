@@ -166,14 +166,21 @@ TEST_CASE("dot results do not depend on the thread count") {
   // Large enough to be split into row blocks over the pool, with ragged edges in every dimension.
   auto a = random_array(21, 3 * Batch, 517 * X, 300 * Y);
   auto b = random_array(22, 300 * Y, 129 * Z);
+  // few rows, many columns: tiles split the columns too
+  auto c = random_array(23, 40 * X, 64 * Y);
+  auto d = random_array(24, 64 * Y, 2000 * Z);
   const int before = hax::num_threads();
   hax::set_num_threads(1);
   auto one = hax::dot(a, b, Y).to_host();
+  auto wide1 = hax::dot(c, d, Y).to_host();
   hax::set_num_threads(2);
   auto two = hax::dot(a, b, Y).to_host();
+  auto wide2 = hax::dot(c, d, Y).to_host();
   hax::set_num_threads(3);
   auto three = hax::dot(a, b, Y).to_host();
   hax::set_num_threads(before);
+  CHECK(std::memcmp(wide1.data(), wide2.data(), wide1.size() * sizeof(float)) == 0);
+  check_dot(c, d, hax::dot(c, d, Y), 1e-4);
   REQUIRE(one.size() == two.size());
   CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(one.data(), three.data(), one.size() * sizeof(float)) == 0);

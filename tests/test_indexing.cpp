@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "host_tensor.hpp"
 #include "test_axes.hpp"
 
 using namespace test_axes;
@@ -19,46 +20,6 @@ inline constexpr struct Layer final : hax::axis<"layer"> {
 inline constexpr struct K final : hax::axis<"k"> {
 } K;
 
-using index_map = std::map<std::string, std::int64_t>;
-
-/// A host copy of an array, addressed by axis name.
-struct host_tensor {
-  std::vector<std::string> names;
-  std::vector<std::int64_t> sizes;
-  std::vector<double> data;
-  std::int64_t offset(const index_map& idx) const {
-    std::int64_t off = 0;
-    for (std::size_t i = 0; i < names.size(); ++i) off = off * sizes[i] + idx.at(names[i]);
-    return off;
-  }
-  double at(const index_map& idx) const { return data[offset(idx)]; }
-};
-
-template <class T, class Axes>
-host_tensor host(const hax::named_array<T, Axes>& x) {
-  host_tensor h;
-  for (auto n : x.axis_names()) h.names.emplace_back(n);
-  h.sizes.assign(x.sizes().begin(), x.sizes().end());
-  auto v = x.to_host();
-  for (std::size_t i = 0; i < v.size(); ++i) h.data.push_back(static_cast<double>(v[i]));
-  return h;
-}
-
-/// Checks `got` element by element against want(index by name), over got's own axes.
-template <class T, class Axes>
-void check_against(const hax::named_array<T, Axes>& got, const std::function<double(const index_map&)>& want) {
-  auto g = host(got);
-  std::int64_t n = static_cast<std::int64_t>(g.data.size());
-  for (std::int64_t flat = 0; flat < n; ++flat) {
-    index_map idx;
-    std::int64_t r = flat;
-    for (std::size_t d = g.names.size(); d-- > 0;) {
-      idx[g.names[d]] = r % g.sizes[d];
-      r /= g.sizes[d];
-    }
-    CHECK(g.data[flat] == want(idx));
-  }
-}
 
 /// Random int32 indices in [lo, hi).
 template <class... S>

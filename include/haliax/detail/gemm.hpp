@@ -20,35 +20,54 @@ using unmanaged_matrix = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::DefaultE
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* A, const T* B, T* C);
 
-/// Rows of C computed by one single-threaded BLAS call on the host. Fixed, so that every element's
-/// arithmetic is the same whatever the thread count (OpenBLAS's own threading splits columns by the thread
-/// count, and its AVX2 kernels then round some elements differently).
-inline constexpr std::int64_t gemm_row_block = 256;
+/// How C is cut into tiles, each computed by one single-threaded BLAS call on the host. The tiling is a
+/// function of the problem shape only, never of the thread count, so every element's arithmetic is the same
+/// however many threads run the tiles (OpenBLAS's own threading splits columns by the thread count, and its
+/// AVX2 kernels then round some elements differently). Tiles are 256 rows by all columns, with columns
+/// halved (to multiples of 64) while a problem has fewer than 8 tiles, so small-M products still spread.
+struct gemm_tiling {
+  std::int64_t row_block, col_block, row_blocks, col_blocks;
+};
 
-/// Host GEMM for float/double over `batch` independent problems, parallel over (batch, row block) tasks on
-/// the haliax thread pool, each a single-threaded cblas call.
+inline gemm_tiling make_gemm_tiling(std::int64_t batch, std::int64_t m, std::int64_t n) {
+  gemm_tiling t{256, n, 0, 0};
+  auto count = [&] {
+    t.row_blocks = (m + t.row_block - 1) / t.row_block;
+    t.col_blocks = (n + t.col_block - 1) / t.col_block;
+    return batch * t.row_blocks * t.col_blocks;
+  };
+  while (count() < 8 && t.col_block > 256) t.col_block = ((t.col_block / 2 + 63) / 64) * 64;
+  count();
+  return t;
+}
+
+/// Host GEMM for float/double over `batch` independent problems, parallel over tiles on the haliax thread
+/// pool, each a single-threaded cblas call.
 template <class T>
 void host_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
                        std::int64_t k, const T* A, const T* B, T* C) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-  const std::int64_t blocks = (m + gemm_row_block - 1) / gemm_row_block;
+  const gemm_tiling tl = make_gemm_tiling(batch, m, n);
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   auto task = [=](std::int64_t t) {
-    const std::int64_t b = t / blocks, r0 = (t % blocks) * gemm_row_block;
-    const std::int64_t rows = m - r0 < gemm_row_block ? m - r0 : gemm_row_block;
+    const std::int64_t per_batch = tl.row_blocks * tl.col_blocks;
+    const std::int64_t b = t / per_batch, r = t % per_batch;
+    const std::int64_t r0 = (r / tl.col_blocks) * tl.row_block, c0 = (r % tl.col_blocks) * tl.col_block;
+    const std::int64_t rows = m - r0 < tl.row_block ? m - r0 : tl.row_block;
+    const std::int64_t cols = n - c0 < tl.col_block ? n - c0 : tl.col_block;
     const T* a = A + b * m * k + (trans_a ? r0 : r0 * k);
-    const T* bb = B + b * k * n;
-    T* c = C + b * m * n + r0 * n;
+    const T* bb = B + b * k * n + (trans_b ? c0 * k : c0);
+    T* c = C + b * m * n + r0 * n + c0;
     if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, ta, tb, rows, n, k, 1.0f, a, lda, bb, ldb, 0.0f, c, n);
+      cblas_sgemm(CblasRowMajor, ta, tb, rows, cols, k, 1.0f, a, lda, bb, ldb, 0.0f, c, n);
     } else {
-      cblas_dgemm(CblasRowMajor, ta, tb, rows, n, k, 1.0, a, lda, bb, ldb, 0.0, c, n);
+      cblas_dgemm(CblasRowMajor, ta, tb, rows, cols, k, 1.0, a, lda, bb, ldb, 0.0, c, n);
     }
   };
-  const std::int64_t tasks = batch * blocks;
-  // Small problems are not worth waking the pool; the blocks (and so the results) are the same either way.
+  const std::int64_t tasks = batch * tl.row_blocks * tl.col_blocks;
+  // Small problems are not worth waking the pool; the tiles (and so the results) are the same either way.
   if (static_cast<double>(batch) * m * n * k < 4.0e6) {
     for (std::int64_t t = 0; t < tasks; ++t) task(t);
   } else {
