@@ -23,13 +23,13 @@ inline void add_context() {
 }  // namespace bench
 
 /// main() for a haliax benchmark: Kokkos initialised, context recorded.
-#define HALIAX_BENCHMARK_MAIN()                           \
-  int main(int argc, char** argv) {                       \
-    haliax::runtime rt;                                   \
-    bench::add_context();                                 \
-    benchmark::Initialize(&argc, argv);                   \
+#define HALIAX_BENCHMARK_MAIN()                                       \
+  int main(int argc, char** argv) {                                   \
+    haliax::runtime rt;                                               \
+    bench::add_context();                                             \
+    benchmark::Initialize(&argc, argv);                               \
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1; \
-    benchmark::RunSpecifiedBenchmarks();                  \
-    benchmark::Shutdown();                                \
-    return 0;                                             \
+    benchmark::RunSpecifiedBenchmarks();                              \
+    benchmark::Shutdown();                                            \
+    return 0;                                                         \
   }

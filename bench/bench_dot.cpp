@@ -10,9 +10,12 @@
 #include "bench_common.hpp"
 
 namespace hax = haliax;
-inline constexpr struct Tok final : hax::axis<"token"> {} Tok;
-inline constexpr struct Embed final : hax::axis<"embed"> {} Embed;
-inline constexpr struct Out final : hax::axis<"out"> {} Out;
+inline constexpr struct Tok final : hax::axis<"token"> {
+} Tok;
+inline constexpr struct Embed final : hax::axis<"embed"> {
+} Embed;
+inline constexpr struct Out final : hax::axis<"out"> {
+} Out;
 
 namespace {
 constexpr std::int64_t tokens = 4096, embed = 768;
@@ -54,14 +57,14 @@ void BM_cblas_sgemm(benchmark::State& state) {
   openblas_set_num_threads(hax::num_threads());
   for (auto _ : state) {
     if (f == forward) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tokens, out, embed, 1.0f, x.data(), embed, w.data(),
-                  out, 0.0f, c.data(), out);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tokens, out, embed, 1.0f, x.data(), embed, w.data(), out,
+                  0.0f, c.data(), out);
     } else if (f == grad_input) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tokens, embed, out, 1.0f, dy.data(), out, w.data(), out,
                   0.0f, c.data(), embed);
     } else {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, embed, out, tokens, 1.0f, x.data(), embed, dy.data(),
-                  out, 0.0f, c.data(), out);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, embed, out, tokens, 1.0f, x.data(), embed, dy.data(), out,
+                  0.0f, c.data(), out);
     }
     benchmark::DoNotOptimize(c.data());
   }

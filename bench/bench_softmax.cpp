@@ -9,8 +9,10 @@
 #include "bench_common.hpp"
 
 namespace hax = haliax;
-inline constexpr struct Tok final : hax::axis<"token"> {} Tok;
-inline constexpr struct Vocab final : hax::axis<"vocab"> {} Vocab;
+inline constexpr struct Tok final : hax::axis<"token"> {
+} Tok;
+inline constexpr struct Vocab final : hax::axis<"vocab"> {
+} Vocab;
 
 namespace {
 constexpr std::int64_t tokens = 4096, vocab = 50257;

@@ -19,15 +19,24 @@ using hax::axes;
 using hax::named_array;
 
 // ---- axes ------------------------------------------------------------------------------------------------
-inline constexpr struct Batch final : hax::axis<"batch"> {} Batch;
-inline constexpr struct Feature final : hax::axis<"feature"> {} Feature;
-inline constexpr struct Target final : hax::axis<"target"> {} Target;
-inline constexpr struct Head final : hax::axis<"head"> {} Head;
-inline constexpr struct Pos final : hax::axis<"position"> {} Pos;
-inline constexpr struct KPos final : hax::axis<"key_position"> {} KPos;
-inline constexpr struct Key final : hax::axis<"key"> {} Key;
-inline constexpr struct Height final : hax::axis<"height"> {} Height;
-inline constexpr struct Width final : hax::axis<"width"> {} Width;
+inline constexpr struct Batch final : hax::axis<"batch"> {
+} Batch;
+inline constexpr struct Feature final : hax::axis<"feature"> {
+} Feature;
+inline constexpr struct Target final : hax::axis<"target"> {
+} Target;
+inline constexpr struct Head final : hax::axis<"head"> {
+} Head;
+inline constexpr struct Pos final : hax::axis<"position"> {
+} Pos;
+inline constexpr struct KPos final : hax::axis<"key_position"> {
+} KPos;
+inline constexpr struct Key final : hax::axis<"key"> {
+} Key;
+inline constexpr struct Height final : hax::axis<"height"> {
+} Height;
+inline constexpr struct Width final : hax::axis<"width"> {
+} Width;
 
 // ---- a small check harness ---------------------------------------------------------------------------------
 static int failures = 0;
@@ -51,7 +60,9 @@ auto mse(const Pred& pred, const Tgt& target) {
 
 // `a - b` compiles only when one array's axes contain the other's.
 template <class A, class B>
-concept subtractable = requires(A a, B b) { a - b; };
+concept subtractable = requires(A a, B b) {
+  a - b;
+};
 
 // ---- 2. attention, written once ---------------------------------------------------------------------------
 /// Scaled dot-product attention over a key axis `KeyAx` and key-position axes `KP...`. Any other axis of the

@@ -10,17 +10,28 @@
 #include <vector>
 
 namespace test_axes {
-inline constexpr struct Batch final : haliax::axis<"batch"> {} Batch;
-inline constexpr struct Embed final : haliax::axis<"embed"> {} Embed;
-inline constexpr struct Pos final : haliax::axis<"position"> {} Pos;
-inline constexpr struct KPos final : haliax::axis<"key_position"> {} KPos;
-inline constexpr struct Head final : haliax::axis<"head"> {} Head;
-inline constexpr struct Mlp final : haliax::axis<"mlp"> {} Mlp;
-inline constexpr struct Vocab final : haliax::axis<"vocab"> {} Vocab;
-inline constexpr struct X final : haliax::axis<"x"> {} X;
-inline constexpr struct Y final : haliax::axis<"y"> {} Y;
-inline constexpr struct Z final : haliax::axis<"z"> {} Z;
-inline constexpr struct W final : haliax::axis<"w"> {} W;
+inline constexpr struct Batch final : haliax::axis<"batch"> {
+} Batch;
+inline constexpr struct Embed final : haliax::axis<"embed"> {
+} Embed;
+inline constexpr struct Pos final : haliax::axis<"position"> {
+} Pos;
+inline constexpr struct KPos final : haliax::axis<"key_position"> {
+} KPos;
+inline constexpr struct Head final : haliax::axis<"head"> {
+} Head;
+inline constexpr struct Mlp final : haliax::axis<"mlp"> {
+} Mlp;
+inline constexpr struct Vocab final : haliax::axis<"vocab"> {
+} Vocab;
+inline constexpr struct X final : haliax::axis<"x"> {
+} X;
+inline constexpr struct Y final : haliax::axis<"y"> {
+} Y;
+inline constexpr struct Z final : haliax::axis<"z"> {
+} Z;
+inline constexpr struct W final : haliax::axis<"w"> {
+} W;
 
 /// Deterministic random host data in [-1, 1).
 template <class T = float>

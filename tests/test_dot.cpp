@@ -76,8 +76,8 @@ TEST_CASE("matrix times matrix in all four transpose layouts") {
   auto r1 = hax::dot(x, w, Embed);
   static_assert(std::is_same_v<decltype(r1), hax::named_array<float, hax::axes<Batch, Mlp>>>);
   check_dot(x, w, r1);
-  check_dot(xt, w, hax::dot(xt, w, Embed));   // contracting the first axis of a
-  check_dot(x, wt, hax::dot(x, wt, Embed));   // contracting the last axis of b
+  check_dot(xt, w, hax::dot(xt, w, Embed));  // contracting the first axis of a
+  check_dot(x, wt, hax::dot(x, wt, Embed));  // contracting the last axis of b
   check_dot(xt, wt, hax::dot(xt, wt, Embed));
   static_assert(std::is_same_v<decltype(hax::dot(xt, wt, Embed)), hax::named_array<float, hax::axes<Batch, Mlp>>>);
 }
@@ -144,20 +144,24 @@ TEST_CASE("a shared axis with different sizes throws with both shapes") {
 
 namespace {
 template <class A, class B, auto... C>
-concept can_dot = requires(A a, B b) { hax::dot(a, b, C...); };
+concept can_dot = requires(A a, B b) {
+  hax::dot(a, b, C...);
+};
 template <class Out, class A, class B, auto... C>
-concept can_dot_to = requires(A a, B b) { hax::dot<Out>(a, b, C...); };
+concept can_dot_to = requires(A a, B b) {
+  hax::dot<Out>(a, b, C...);
+};
 }  // namespace
 
 TEST_CASE("contracting an axis missing from an operand does not compile") {
   using A = hax::named_array<float, hax::axes<Batch, Embed>>;
   using B = hax::named_array<float, hax::axes<Embed, Mlp>>;
   static_assert(can_dot<A, B, Embed>);
-  static_assert(!can_dot<A, B, Mlp>);      // only in b
-  static_assert(!can_dot<A, B, Batch>);    // only in a
-  static_assert(!can_dot<A, B, Head>);     // in neither
+  static_assert(!can_dot<A, B, Mlp>);    // only in b
+  static_assert(!can_dot<A, B, Batch>);  // only in a
+  static_assert(!can_dot<A, B, Head>);   // in neither
   static_assert(!can_dot<A, B, Embed, Embed>);
-  static_assert(!can_dot_to<hax::axes<Batch>, A, B, Embed>);        // not a permutation of {batch, mlp}
+  static_assert(!can_dot_to<hax::axes<Batch>, A, B, Embed>);  // not a permutation of {batch, mlp}
   static_assert(can_dot_to<hax::axes<Mlp, Batch>, A, B, Embed>);
   CHECK(A::rank == 2);
 }

@@ -43,7 +43,8 @@ TEST_CASE("broadcasting by name follows the superset's order") {
 TEST_CASE("mismatched sizes of a shared axis throw with both shapes") {
   auto a = hax::zeros<float>(2 * Batch, 768 * Embed);
   auto b = hax::zeros<float>(1024 * Embed);
-  CHECK_THROWS_WITH_AS(a + b, doctest::Contains("'embed' has size 768 in {batch=2, embed=768} but 1024 in {embed=1024}"),
+  CHECK_THROWS_WITH_AS(a + b,
+                       doctest::Contains("'embed' has size 768 in {batch=2, embed=768} but 1024 in {embed=1024}"),
                        hax::shape_error);
 }
 
@@ -85,37 +86,65 @@ void check_unary(const hax::named_array<double, hax::axes<X, Y>>& x, F op, R ref
 }  // namespace
 
 TEST_CASE("every unary op matches the C library in double") {
-  auto x = random_array<double>(31, 5 * X, 7 * Y);   // in [-1, 1)
-  auto pos = hax::abs(x) + 0.01;                   // in (0, 1.01)
-  check_unary(x, [](auto a) { return hax::abs(a); }, [](double v) { return std::abs(v); });
-  check_unary(x, [](auto a) { return hax::negative(a); }, [](double v) { return -v; });
-  check_unary(x, [](auto a) { return -a; }, [](double v) { return -v; });
-  check_unary(x, [](auto a) { return hax::square(a); }, [](double v) { return v * v; });
-  check_unary(x, [](auto a) { return hax::sign(a); }, [](double v) { return double((v > 0) - (v < 0)); });
-  check_unary(x, [](auto a) { return hax::exp(a); }, [](double v) { return std::exp(v); });
-  check_unary(x, [](auto a) { return hax::expm1(a); }, [](double v) { return std::expm1(v); });
-  check_unary(pos, [](auto a) { return hax::log(a); }, [](double v) { return std::log(v); });
-  check_unary(x, [](auto a) { return hax::log1p(a + 1.5); }, [](double v) { return std::log1p(v + 1.5); });
-  check_unary(pos, [](auto a) { return hax::log2(a); }, [](double v) { return std::log2(v); });
-  check_unary(pos, [](auto a) { return hax::log10(a); }, [](double v) { return std::log10(v); });
-  check_unary(pos, [](auto a) { return hax::sqrt(a); }, [](double v) { return std::sqrt(v); });
-  check_unary(pos, [](auto a) { return hax::rsqrt(a); }, [](double v) { return 1 / std::sqrt(v); });
-  check_unary(pos, [](auto a) { return hax::reciprocal(a); }, [](double v) { return 1 / v; });
-  check_unary(x, [](auto a) { return hax::tanh(a); }, [](double v) { return std::tanh(v); });
-  check_unary(x, [](auto a) { return hax::sinh(a); }, [](double v) { return std::sinh(v); });
-  check_unary(x, [](auto a) { return hax::cosh(a); }, [](double v) { return std::cosh(v); });
-  check_unary(x, [](auto a) { return hax::sin(a); }, [](double v) { return std::sin(v); });
-  check_unary(x, [](auto a) { return hax::cos(a); }, [](double v) { return std::cos(v); });
-  check_unary(x, [](auto a) { return hax::tan(a); }, [](double v) { return std::tan(v); });
-  check_unary(x, [](auto a) { return hax::arcsin(a); }, [](double v) { return std::asin(v); });
-  check_unary(x, [](auto a) { return hax::arccos(a); }, [](double v) { return std::acos(v); });
-  check_unary(x, [](auto a) { return hax::arctan(a); }, [](double v) { return std::atan(v); });
-  check_unary(x, [](auto a) { return hax::erf(a); }, [](double v) { return std::erf(v); });
+  auto x = random_array<double>(31, 5 * X, 7 * Y);  // in [-1, 1)
+  auto pos = hax::abs(x) + 0.01;                    // in (0, 1.01)
+  check_unary(
+      x, [](auto a) { return hax::abs(a); }, [](double v) { return std::abs(v); });
+  check_unary(
+      x, [](auto a) { return hax::negative(a); }, [](double v) { return -v; });
+  check_unary(
+      x, [](auto a) { return -a; }, [](double v) { return -v; });
+  check_unary(
+      x, [](auto a) { return hax::square(a); }, [](double v) { return v * v; });
+  check_unary(
+      x, [](auto a) { return hax::sign(a); }, [](double v) { return double((v > 0) - (v < 0)); });
+  check_unary(
+      x, [](auto a) { return hax::exp(a); }, [](double v) { return std::exp(v); });
+  check_unary(
+      x, [](auto a) { return hax::expm1(a); }, [](double v) { return std::expm1(v); });
+  check_unary(
+      pos, [](auto a) { return hax::log(a); }, [](double v) { return std::log(v); });
+  check_unary(
+      x, [](auto a) { return hax::log1p(a + 1.5); }, [](double v) { return std::log1p(v + 1.5); });
+  check_unary(
+      pos, [](auto a) { return hax::log2(a); }, [](double v) { return std::log2(v); });
+  check_unary(
+      pos, [](auto a) { return hax::log10(a); }, [](double v) { return std::log10(v); });
+  check_unary(
+      pos, [](auto a) { return hax::sqrt(a); }, [](double v) { return std::sqrt(v); });
+  check_unary(
+      pos, [](auto a) { return hax::rsqrt(a); }, [](double v) { return 1 / std::sqrt(v); });
+  check_unary(
+      pos, [](auto a) { return hax::reciprocal(a); }, [](double v) { return 1 / v; });
+  check_unary(
+      x, [](auto a) { return hax::tanh(a); }, [](double v) { return std::tanh(v); });
+  check_unary(
+      x, [](auto a) { return hax::sinh(a); }, [](double v) { return std::sinh(v); });
+  check_unary(
+      x, [](auto a) { return hax::cosh(a); }, [](double v) { return std::cosh(v); });
+  check_unary(
+      x, [](auto a) { return hax::sin(a); }, [](double v) { return std::sin(v); });
+  check_unary(
+      x, [](auto a) { return hax::cos(a); }, [](double v) { return std::cos(v); });
+  check_unary(
+      x, [](auto a) { return hax::tan(a); }, [](double v) { return std::tan(v); });
+  check_unary(
+      x, [](auto a) { return hax::arcsin(a); }, [](double v) { return std::asin(v); });
+  check_unary(
+      x, [](auto a) { return hax::arccos(a); }, [](double v) { return std::acos(v); });
+  check_unary(
+      x, [](auto a) { return hax::arctan(a); }, [](double v) { return std::atan(v); });
+  check_unary(
+      x, [](auto a) { return hax::erf(a); }, [](double v) { return std::erf(v); });
   auto big = x * 4.0;
-  check_unary(big, [](auto a) { return hax::floor(a); }, [](double v) { return std::floor(v); });
-  check_unary(big, [](auto a) { return hax::ceil(a); }, [](double v) { return std::ceil(v); });
-  check_unary(big, [](auto a) { return hax::trunc(a); }, [](double v) { return std::trunc(v); });
-  check_unary(big, [](auto a) { return hax::round(a); }, [](double v) { return std::nearbyint(v); });
+  check_unary(
+      big, [](auto a) { return hax::floor(a); }, [](double v) { return std::floor(v); });
+  check_unary(
+      big, [](auto a) { return hax::ceil(a); }, [](double v) { return std::ceil(v); });
+  check_unary(
+      big, [](auto a) { return hax::trunc(a); }, [](double v) { return std::trunc(v); });
+  check_unary(
+      big, [](auto a) { return hax::round(a); }, [](double v) { return std::nearbyint(v); });
   // round is half-to-even, as numpy
   CHECK(hax::round(hax::from_host<double>({0.5, 1.5, 2.5, -0.5}, 4 * X)).to_host() ==
         std::vector<double>{0.0, 2.0, 2.0, -0.0});

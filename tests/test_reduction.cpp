@@ -76,7 +76,8 @@ TEST_CASE("reductions with a where mask broadcast by name") {
   auto m = x > 0.0f;
   auto hm = m.to_host();
   auto add = [](double a, double b) { return a + b; };
-  check_close(hax::sum(x, hax::where_mask{m}, Y).to_host(), ref_reduce(h, 3, 4, 5, false, true, false, 0, add, nullptr, &hm));
+  check_close(hax::sum(x, hax::where_mask{m}, Y).to_host(),
+              ref_reduce(h, 3, 4, 5, false, true, false, 0, add, nullptr, &hm));
   std::vector<std::int64_t> counts;
   auto s = ref_reduce(h, 3, 4, 5, true, false, true, 0, add, &counts, &hm);
   std::vector<double> mean(s.size());
@@ -86,7 +87,8 @@ TEST_CASE("reductions with a where mask broadcast by name") {
   auto my = hax::from_host(std::vector<bool>{true, false, true, false}, 4 * Y);
   std::vector<bool> full(60);
   for (int i = 0; i < 60; ++i) full[i] = ((i / 5) % 4) % 2 == 0;
-  check_close(hax::sum(x, hax::where_mask{my}).to_host(), ref_reduce(h, 3, 4, 5, true, true, true, 0, add, nullptr, &full));
+  check_close(hax::sum(x, hax::where_mask{my}).to_host(),
+              ref_reduce(h, 3, 4, 5, true, true, true, 0, add, nullptr, &full));
 }
 
 TEST_CASE("argmax and argmin along one axis, first occurrence wins") {
@@ -122,11 +124,17 @@ TEST_CASE("any and all, integer sums, NaN propagation") {
 
 namespace {
 template <class A, auto... R>
-concept can_sum = requires(A a) { hax::sum(a, R...); };
+concept can_sum = requires(A a) {
+  hax::sum(a, R...);
+};
 template <class A, auto... R>
-concept can_mean = requires(A a) { hax::mean(a, R...); };
+concept can_mean = requires(A a) {
+  hax::mean(a, R...);
+};
 template <class A, auto R>
-concept can_argmax = requires(A a) { hax::argmax(a, R); };
+concept can_argmax = requires(A a) {
+  hax::argmax(a, R);
+};
 }  // namespace
 
 TEST_CASE("reductions over axes that are not there do not compile") {

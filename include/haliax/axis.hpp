@@ -44,7 +44,7 @@ struct axis : axis_tag_base {
 /// An axis tag: an empty, final type deriving from `haliax::axis<"...">`.
 template <class T>
 concept AxisTag = std::derived_from<std::remove_cvref_t<T>, axis_tag_base> && std::is_empty_v<std::remove_cvref_t<T>> &&
-                  std::is_final_v<std::remove_cvref_t<T>>;
+    std::is_final_v<std::remove_cvref_t<T>>;
 
 /// An axis with a run-time size, made by `n * Axis` (e.g. `768 * Embed`).
 template <AxisTag A>
@@ -82,8 +82,7 @@ inline constexpr struct ellipsis final : axis<"..."> {
 /// An ordered list of axis tags, written with the tag objects: `axes<Batch, Pos, Embed>`.
 /// This is the axis part of every array type; it carries no sizes.
 template <auto... A>
-  requires(AxisTag<decltype(A)> && ...)
-struct axes {
+requires(AxisTag<decltype(A)>&&...) struct axes {
   static constexpr std::size_t rank = sizeof...(A);
 };
 

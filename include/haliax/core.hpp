@@ -10,17 +10,17 @@
 #include <Kokkos_Core.hpp>
 #include <array>
 #include <cstdint>
-#include <initializer_list>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -37,7 +37,7 @@ using memory_space = execution_space::memory_space;
 /// Element types an array may hold.
 template <class T>
 concept Element = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> ||
-                  std::is_same_v<T, std::int32_t> || std::is_same_v<T, bool>;
+    std::is_same_v<T, std::int32_t> || std::is_same_v<T, bool>;
 
 /// Floating element types (the ones with transcendental functions and gradients).
 template <class T>
@@ -286,8 +286,7 @@ class named_array<T, axes<A...>> {
     std::int64_t n = 1;
     for (auto s : sizes) {
       if (s < 0)
-        throw shape_error(std::string(label) + ": negative axis size in " +
-                          detail::shape_string(axis_names(), sizes));
+        throw shape_error(std::string(label) + ": negative axis size in " + detail::shape_string(axis_names(), sizes));
       n *= s;
     }
     auto lease = std::make_shared<detail::buffer_lease<T>>();
@@ -311,17 +310,14 @@ class named_array<T, axes<A...>> {
 
   /// The size of one axis: `x.size(Embed)`.
   template <AxisTag Ax>
-    requires detail::contains_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>>
-  std::int64_t size(Ax) const {
-    return sizes_[detail::index_of_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>>];
-  }
+  requires detail::contains_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>> std::int64_t size(Ax)
+  const { return sizes_[detail::index_of_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>>]; }
 
   /// The axis with its size, for creating arrays shaped like this one: `x.sized(Embed)` is `768 * Embed`.
   template <AxisTag Ax>
-    requires detail::contains_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>>
-  sized_axis<std::remove_cvref_t<Ax>> sized(Ax a) const {
-    return {size(a)};
-  }
+  requires detail::contains_v<detail::to_list<axes_type>, std::remove_cvref_t<Ax>> sized_axis<std::remove_cvref_t<Ax>>
+  sized(Ax a)
+  const { return {size(a)}; }
 
   /// Whether this array type has axis `Ax`.
   template <AxisTag Ax>
@@ -357,11 +353,7 @@ class named_array<T, axes<A...>> {
   }
 
   /// The single element of a rank-0 array.
-  T item() const
-    requires(rank == 0)
-  {
-    return to_host()[0];
-  }
+  T item() const requires(rank == 0) { return to_host()[0]; }
 
  private:
   std::shared_ptr<detail::buffer_lease<T>> lease_;  // declared first: destroyed after data_
@@ -404,9 +396,9 @@ void check_shared_sizes_raw(std::string_view op, const std::array<std::int64_t, 
     constexpr auto ia = index_of_v<LA, Tag>;
     constexpr auto ib = index_of_v<LB, Tag>;
     if (sa[ia] != sb[ib]) {
-      throw shape_error(std::string(op) + ": axis '" + std::string(Tag::name) + "' has size " +
-                        std::to_string(sa[ia]) + " in " + shape_string(axis_names<AxA>(), sa) + " but " +
-                        std::to_string(sb[ib]) + " in " + shape_string(axis_names<AxB>(), sb));
+      throw shape_error(std::string(op) + ": axis '" + std::string(Tag::name) + "' has size " + std::to_string(sa[ia]) +
+                        " in " + shape_string(axis_names<AxA>(), sa) + " but " + std::to_string(sb[ib]) + " in " +
+                        shape_string(axis_names<AxB>(), sb));
     }
   });
 }
@@ -510,7 +502,8 @@ named_array<T, axes<A{}>> arange(sized_axis<A> s, T start = T(0), T step = T(1))
   T* p = x.data();
   Kokkos::parallel_for(
       "haliax::arange", Kokkos::RangePolicy<execution_space>(0, s.size), KOKKOS_LAMBDA(std::int64_t i) {
-        p[i] = static_cast<T>(static_cast<compute_t<T>>(start) + static_cast<compute_t<T>>(i) * static_cast<compute_t<T>>(step));
+        p[i] = static_cast<T>(static_cast<compute_t<T>>(start) +
+                              static_cast<compute_t<T>>(i) * static_cast<compute_t<T>>(step));
       });
   return x;
 }
@@ -521,11 +514,11 @@ template <Element T, SizedAxis... S>
 array_for<T, S...> from_host(std::span<const T> values, S... s) {
   auto x = array_for<T, S...>::allocate({s.size...}, "haliax::from_host");
   if (static_cast<std::int64_t>(values.size()) != x.element_count())
-    throw shape_error("haliax::from_host: " + std::to_string(values.size()) + " values given for " +
-                      x.shape_string() + " (" + std::to_string(x.element_count()) + " elements)");
+    throw shape_error("haliax::from_host: " + std::to_string(values.size()) + " values given for " + x.shape_string() +
+                      " (" + std::to_string(x.element_count()) + " elements)");
   if (!values.empty()) {
     Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(values.data(),
-                                                                                           values.size());
+                                                                                            values.size());
     Kokkos::deep_copy(x.view(), host);
   }
   return x;

@@ -10,3 +10,4 @@
 #include "ops/layout.hpp"
 #include "ops/indexing.hpp"
 #include "random.hpp"
+#include "nn/functions.hpp"

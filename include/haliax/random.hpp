@@ -92,9 +92,7 @@ inline std::vector<key> split(key k, std::size_t n) {
 }
 
 /// jax.random.fold_in(k, data).
-constexpr key fold_in(key k, std::uint32_t data) {
-  return key(haliax::detail::threefry::fold_in(k.data(), data));
-}
+constexpr key fold_in(key k, std::uint32_t data) { return key(haliax::detail::threefry::fold_in(k.data(), data)); }
 
 // ---------------------------------------------------------------------------------------------------------
 // Sampler argument handling: a key, leading sized axes, then scalars.
@@ -134,9 +132,8 @@ constexpr bool sampler_args_v = [] {
 template <class R, class... Args>
 R allocate_result(const char* label, const std::tuple<Args...>& t) {
   constexpr std::size_t n = leading_sized_count<Args...>();
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return R::allocate({std::get<I>(t).size...}, label);
-  }(std::make_index_sequence<n>{});
+  return [&]<std::size_t... I>(std::index_sequence<I...>) { return R::allocate({std::get<I>(t).size...}, label); }
+  (std::make_index_sequence<n>{});
 }
 
 /// The j-th scalar after the sized axes, converted to V (or `fallback` if there are none).
@@ -157,8 +154,9 @@ void generate(const char* label, R& out, F f) {
   T* p = out.data();
   const std::int64_t n = out.element_count();
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, n),
-      KOKKOS_LAMBDA(std::int64_t i) { p[i] = static_cast<T>(f(static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(n))); });
+      label, Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        p[i] = static_cast<T>(f(static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(n)));
+      });
 }
 
 namespace rd = haliax::detail::random_dists;
@@ -172,9 +170,8 @@ namespace tf = haliax::detail::threefry;
 /// `uniform(k, 4 * Batch, 3 * Embed, -1.0f, 1.0f)`. T is float (32 random bits per value) or double (64
 /// bits, JAX with x64 enabled).
 template <class T = float, class... Args>
-  requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
-          detail::sampler_args_v<2, true, Args...>
-detail::result_t<T, Args...> uniform(key k, Args... args) {
+requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
+    detail::sampler_args_v<2, true, Args...> detail::result_t<T, Args...> uniform(key k, Args... args) {
   using R = detail::result_t<T, Args...>;
   const std::tuple<Args...> t(args...);
   R out = detail::allocate_result<R>("haliax::random::uniform", t);
@@ -182,37 +179,40 @@ detail::result_t<T, Args...> uniform(key k, Args... args) {
   const auto kd = k.data();
   const auto m = detail::mode_setting();
   if constexpr (std::is_same_v<T, float>) {
-    detail::generate("haliax::random::uniform", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-      return detail::rd::uniform_f32(detail::tf::bits32_at(kd, i, n, m), lo, hi);
-    });
+    detail::generate(
+        "haliax::random::uniform", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
+          return detail::rd::uniform_f32(detail::tf::bits32_at(kd, i, n, m), lo, hi);
+        });
   } else {
-    detail::generate("haliax::random::uniform", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-      return detail::rd::uniform_f64(detail::tf::bits64_at(kd, i, n, m), lo, hi);
-    });
+    detail::generate(
+        "haliax::random::uniform", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
+          return detail::rd::uniform_f64(detail::tf::bits64_at(kd, i, n, m), lo, hi);
+        });
   }
   return out;
 }
 
 /// jax.random.normal(k, shape) (float32): `normal(k, 768 * Embed, 3072 * Mlp)`.
 template <class T = float, class... Args>
-  requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...>
-detail::result_t<T, Args...> normal(key k, Args... args) {
+requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> detail::result_t<T, Args...> normal(
+    key k, Args... args) {
   using R = detail::result_t<T, Args...>;
   const std::tuple<Args...> t(args...);
   R out = detail::allocate_result<R>("haliax::random::normal", t);
   const auto kd = k.data();
   const auto m = detail::mode_setting();
-  detail::generate("haliax::random::normal", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-    return detail::rd::normal_f32(detail::tf::bits32_at(kd, i, n, m));
-  });
+  detail::generate(
+      "haliax::random::normal", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
+        return detail::rd::normal_f32(detail::tf::bits32_at(kd, i, n, m));
+      });
   return out;
 }
 
 /// jax.random.truncated_normal(k, lower, upper, shape) (float32): `truncated_normal(k, 4 * X, -2.0f, 2.0f)`.
 /// Values lie in the open interval (lower, upper).
 template <class T = float, class... Args>
-  requires std::is_same_v<T, float> && detail::sampler_args_v<2, false, Args...>
-detail::result_t<T, Args...> truncated_normal(key k, Args... args) {
+requires std::is_same_v<T, float> && detail::sampler_args_v<2, false, Args...> detail::result_t<T, Args...>
+truncated_normal(key k, Args... args) {
   using R = detail::result_t<T, Args...>;
   const std::tuple<Args...> t(args...);
   R out = detail::allocate_result<R>("haliax::random::truncated_normal", t);
@@ -220,33 +220,34 @@ detail::result_t<T, Args...> truncated_normal(key k, Args... args) {
                                                           detail::scalar_arg<float, 1>(t, 2.0f));
   const auto kd = k.data();
   const auto m = detail::mode_setting();
-  detail::generate("haliax::random::truncated_normal", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-    return detail::rd::truncated_normal_f32(detail::tf::bits32_at(kd, i, n, m), p);
-  });
+  detail::generate(
+      "haliax::random::truncated_normal", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
+        return detail::rd::truncated_normal_f32(detail::tf::bits32_at(kd, i, n, m), p);
+      });
   return out;
 }
 
 /// jax.random.gumbel(k, shape) (float32, mode "low").
 template <class T = float, class... Args>
-  requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...>
-detail::result_t<T, Args...> gumbel(key k, Args... args) {
+requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> detail::result_t<T, Args...> gumbel(
+    key k, Args... args) {
   using R = detail::result_t<T, Args...>;
   const std::tuple<Args...> t(args...);
   R out = detail::allocate_result<R>("haliax::random::gumbel", t);
   const auto kd = k.data();
   const auto m = detail::mode_setting();
-  detail::generate("haliax::random::gumbel", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-    return detail::rd::gumbel_f32(detail::tf::bits32_at(kd, i, n, m));
-  });
+  detail::generate(
+      "haliax::random::gumbel", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
+        return detail::rd::gumbel_f32(detail::tf::bits32_at(kd, i, n, m));
+      });
   return out;
 }
 
 /// jax.random.bernoulli(k, p, shape): a bool array, `bernoulli(k, 4 * Batch, 0.3f)`. T is the type of p
 /// (float, or double for JAX with x64 enabled); p defaults to 0.5.
 template <class T = float, class... Args>
-  requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
-          detail::sampler_args_v<1, true, Args...>
-detail::result_t<bool, Args...> bernoulli(key k, Args... args) {
+requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
+    detail::sampler_args_v<1, true, Args...> detail::result_t<bool, Args...> bernoulli(key k, Args... args) {
   using R = detail::result_t<bool, Args...>;
   const std::tuple<Args...> t(args...);
   R out = detail::allocate_result<R>("haliax::random::bernoulli", t);
@@ -254,13 +255,15 @@ detail::result_t<bool, Args...> bernoulli(key k, Args... args) {
   const auto kd = k.data();
   const auto m = detail::mode_setting();
   if constexpr (std::is_same_v<T, float>) {
-    detail::generate("haliax::random::bernoulli", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-      return detail::rd::bernoulli_f32(detail::tf::bits32_at(kd, i, n, m), p);
-    });
+    detail::generate(
+        "haliax::random::bernoulli", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
+          return detail::rd::bernoulli_f32(detail::tf::bits32_at(kd, i, n, m), p);
+        });
   } else {
-    detail::generate("haliax::random::bernoulli", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-      return detail::rd::bernoulli_f64(detail::tf::bits64_at(kd, i, n, m), p);
-    });
+    detail::generate(
+        "haliax::random::bernoulli", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
+          return detail::rd::bernoulli_f64(detail::tf::bits64_at(kd, i, n, m), p);
+        });
   }
   return out;
 }
@@ -268,8 +271,8 @@ detail::result_t<bool, Args...> bernoulli(key k, Args... args) {
 /// jax.random.randint(k, shape, minval, maxval) as int32: `randint(k, 8 * Batch, 0, 50257)`. Bounds are
 /// clipped to the int32 range as JAX does; maxval <= minval gives minval everywhere.
 template <class... Args>
-  requires detail::sampler_args_v<2, false, Args...>
-detail::result_t<std::int32_t, Args...> randint(key k, Args... args) {
+requires detail::sampler_args_v<2, false, Args...> detail::result_t<std::int32_t, Args...> randint(key k,
+                                                                                                   Args... args) {
   using R = detail::result_t<std::int32_t, Args...>;
   const std::tuple<Args...> t(args...);
   R out = detail::allocate_result<R>("haliax::random::randint", t);
@@ -277,16 +280,17 @@ detail::result_t<std::int32_t, Args...> randint(key k, Args... args) {
                                                  detail::scalar_arg<std::int64_t, 1>(t, 0));
   const auto m = detail::mode_setting();
   const auto k_hi = detail::tf::split_at(k.data(), 0, 2, m), k_lo = detail::tf::split_at(k.data(), 1, 2, m);
-  detail::generate("haliax::random::randint", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-    return detail::rd::randint_i32(detail::tf::bits32_at(k_hi, i, n, m), detail::tf::bits32_at(k_lo, i, n, m), p);
-  });
+  detail::generate(
+      "haliax::random::randint", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
+        return detail::rd::randint_i32(detail::tf::bits32_at(k_hi, i, n, m), detail::tf::bits32_at(k_lo, i, n, m), p);
+      });
   return out;
 }
 
 /// jax.random.categorical(k, logits, axis) with the axis given by name: int32 indices along `Ax`, with the
 /// other axes of `logits` in their order. Gumbel-max over float32 logits.
 template <class Axes, AxisTag Ax>
-  requires AxisOf<Ax, Axes>
+requires AxisOf<Ax, Axes>
 auto categorical(key k, const named_array<float, Axes>& logits, Ax) {
   namespace hd = haliax::detail;
   using L = hd::to_list<Axes>;
@@ -331,8 +335,8 @@ auto categorical(key k, const named_array<float, Axes>& logits, Ax) {
 /// jax.random.permutation(k, n) for the sized axis `n * Ax`: a shuffled int32 arange along Ax.
 template <AxisTag A>
 named_array<std::int32_t, axes<A{}>> permutation(key k, sized_axis<A> s) {
-  const auto perm = haliax::detail::random_dists::permutation(k.data(), static_cast<std::size_t>(s.size),
-                                                              detail::mode_setting());
+  const auto perm =
+      haliax::detail::random_dists::permutation(k.data(), static_cast<std::size_t>(s.size), detail::mode_setting());
   return from_host<std::int32_t>(std::span<const std::int32_t>(perm.data(), perm.size()), s);
 }
 

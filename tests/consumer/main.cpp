@@ -2,8 +2,10 @@
 #include <cstdio>
 #include <haliax/haliax.hpp>
 
-inline constexpr struct Batch final : haliax::axis<"batch"> {} Batch;
-inline constexpr struct Embed final : haliax::axis<"embed"> {} Embed;
+inline constexpr struct Batch final : haliax::axis<"batch"> {
+} Batch;
+inline constexpr struct Embed final : haliax::axis<"embed"> {
+} Embed;
 
 int main(int argc, char** argv) {
   haliax::runtime rt(argc, argv);

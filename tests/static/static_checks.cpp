@@ -8,10 +8,14 @@ namespace hax = haliax;
 using hax::axes;
 using hax::named_array;
 
-inline constexpr struct Batch final : hax::axis<"batch"> {} Batch;
-inline constexpr struct Embed final : hax::axis<"embed"> {} Embed;
-inline constexpr struct Mlp final : hax::axis<"mlp"> {} Mlp;
-inline constexpr struct Head final : hax::axis<"head"> {} Head;
+inline constexpr struct Batch final : hax::axis<"batch"> {
+} Batch;
+inline constexpr struct Embed final : hax::axis<"embed"> {
+} Embed;
+inline constexpr struct Mlp final : hax::axis<"mlp"> {
+} Mlp;
+inline constexpr struct Head final : hax::axis<"head"> {
+} Head;
 struct NotFinal : hax::axis<"not_final"> {};
 struct NotAnAxis {};
 
@@ -35,7 +39,9 @@ static_assert(std::is_same_v<decltype(hax::zeros<float>(2 * Batch, 3 * Embed)), 
 
 // ---- broadcasting ----
 template <class A, class B>
-concept addable = requires(A a, B b) { a + b; };
+concept addable = requires(A a, B b) {
+  a + b;
+};
 static_assert(addable<BE, E>);
 static_assert(addable<E, BE>);
 static_assert(!addable<E, H>);
@@ -46,7 +52,9 @@ static_assert(std::is_same_v<decltype(std::declval<BE>() > 0.0f), named_array<bo
 
 // ---- dot ----
 template <class A, class B, auto... C>
-concept dottable = requires(A a, B b) { hax::dot(a, b, C...); };
+concept dottable = requires(A a, B b) {
+  hax::dot(a, b, C...);
+};
 static_assert(dottable<BE, EM, Embed>);
 static_assert(!dottable<BE, EM, Mlp>);
 static_assert(!dottable<BE, EM, Head>);
@@ -56,7 +64,9 @@ static_assert(std::is_same_v<decltype(hax::dot(std::declval<BE>(), std::declval<
 
 // ---- reductions ----
 template <class A, auto... R>
-concept summable = requires(A a) { hax::sum(a, R...); };
+concept summable = requires(A a) {
+  hax::sum(a, R...);
+};
 static_assert(summable<BE, Batch>);
 static_assert(summable<BE, Batch, Embed>);
 static_assert(!summable<BE, Mlp>);
@@ -66,7 +76,9 @@ static_assert(std::is_same_v<decltype(hax::argmax(std::declval<BE>(), Embed)), I
 
 // ---- element type rules ----
 template <class A>
-concept has_exp = requires(A a) { hax::exp(a); };
+concept has_exp = requires(A a) {
+  hax::exp(a);
+};
 static_assert(has_exp<BE>);
 static_assert(!has_exp<I>);  // transcendental functions need floating types
 

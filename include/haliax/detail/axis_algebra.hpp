@@ -72,7 +72,8 @@ template <class L1, class L2>
 inline constexpr bool subset_v = mp::mp_all_of_q<L1, in_list<L2>>::value;
 
 template <class L1, class L2>
-inline constexpr bool same_set_v = subset_v<L1, L2> && subset_v<L2, L1> && mp::mp_size<L1>::value == mp::mp_size<L2>::value;
+inline constexpr bool same_set_v =
+    subset_v<L1, L2>&& subset_v<L2, L1>&& mp::mp_size<L1>::value == mp::mp_size<L2>::value;
 
 template <class L1, class L2>
 inline constexpr bool disjoint_v = mp::mp_empty<intersection<L1, L2>>::value;
@@ -99,7 +100,8 @@ struct resolve_order_impl {
   using type = Spec;
 };
 template <class Full, class Spec>
-struct resolve_order_impl<Full, Spec, std::enable_if_t<mp::mp_contains<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value>> {
+struct resolve_order_impl<Full, Spec,
+                          std::enable_if_t<mp::mp_contains<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value>> {
   static constexpr std::size_t pos = mp::mp_find<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value;
   using before = mp::mp_take_c<Spec, pos>;
   using after = mp::mp_drop_c<Spec, pos + 1>;
@@ -111,9 +113,8 @@ using resolve_order = typename resolve_order_impl<Full, Spec>::type;
 
 /// `Spec` (with at most one ellipsis) is a valid partial order for `Full`.
 template <class Full, class Spec>
-inline constexpr bool valid_order_v =
-    mp::mp_count<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value <= 1 && is_unique_v<Spec> &&
-    same_set_v<resolve_order<Full, Spec>, Full>;
+inline constexpr bool valid_order_v = mp::mp_count<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value <= 1 &&
+                                      is_unique_v<Spec>&& same_set_v<resolve_order<Full, Spec>, Full>;
 
 /// Whether every element of L is an axis tag.
 template <class L>

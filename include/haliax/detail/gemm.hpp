@@ -2,9 +2,10 @@
 // host, cuBLAS with a CUDA Kokkos). Private.
 #pragma once
 
+#include <cblas.h>
+
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
-#include <cblas.h>
 #include <cstdint>
 #include <type_traits>
 
@@ -44,8 +45,8 @@ inline gemm_tiling make_gemm_tiling(std::int64_t batch, std::int64_t m, std::int
 /// Host GEMM for float/double over `batch` independent problems, parallel over tiles on the haliax thread
 /// pool, each a single-threaded cblas call.
 template <class T>
-void host_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
-                       std::int64_t k, const T* A, const T* B, T* C) {
+void host_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const T* A, const T* B, T* C) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   const gemm_tiling tl = make_gemm_tiling(batch, m, n);
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
@@ -88,7 +89,7 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
     return;
   }
   constexpr bool host = std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
-  if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>) && host) {
+  if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>)&&host) {
     host_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
   } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     // Device memory: one Kokkos Kernels GEMM (cuBLAS with a CUDA Kokkos) per problem.

@@ -91,8 +91,7 @@ void nd_for_each(const char* label, const nd_plan<NOps>& plan, Inner inner) {
   std::int64_t n_outer = 1;
   for (int d = 0; d < last; ++d) n_outer *= p.extent[d];
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n_outer * n_chunks),
-      KOKKOS_LAMBDA(std::int64_t w) {
+      label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n_outer * n_chunks), KOKKOS_LAMBDA(std::int64_t w) {
         std::int64_t outer = w / n_chunks;
         std::int64_t c = w - outer * n_chunks;
         std::int64_t off[NOps];

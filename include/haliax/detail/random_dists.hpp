@@ -20,7 +20,6 @@
 #pragma once
 
 #include <Kokkos_Macros.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -170,9 +169,9 @@ KOKKOS_INLINE_FUNCTION float xla_log_f32(float v) {
   r = fadd(r, y);
   r = ffma(e, 0x1.630000p-1f, r);
   // Special values, selected bitwise as XLA does.
-  if (v == 0.0f) return f32_from_bits(0xFF800000u);              // -inf
-  if (v == f32_from_bits(0x7F800000u)) return v;                 // +inf
-  if (!(v > 0.0f)) return f32_from_bits(0xFFFFFFFFu);            // NaN (negative or NaN input)
+  if (v == 0.0f) return f32_from_bits(0xFF800000u);    // -inf
+  if (v == f32_from_bits(0x7F800000u)) return v;       // +inf
+  if (!(v > 0.0f)) return f32_from_bits(0xFFFFFFFFu);  // NaN (negative or NaN input)
   return r;
 }
 
@@ -223,12 +222,10 @@ KOKKOS_INLINE_FUNCTION float xla_erf_f32(float x) {
 KOKKOS_INLINE_FUNCTION float xla_erfinv_f32(float u) {
   const float w = -xla_log1p_f32(fmul(u, -u));
   const bool central = w < 5.0f;
-  constexpr float lt[9] = {0x1.e2cb10p-26f,  0x1.70966cp-22f,  -0x1.d8e6aep-19f,
-                           -0x1.26b582p-18f, 0x1.ca65b6p-13f,  -0x1.48a810p-10f,
-                           -0x1.11c9dep-8f,  0x1.f91ec6p-3f,   0x1.805c5ep+0f};
-  constexpr float ge[9] = {-0x1.a3e136p-13f, 0x1.a76ad6p-14f, 0x1.61b8e4p-10f,
-                           -0x1.e17bcep-9f,  0x1.7824f6p-8f,  -0x1.f38baep-8f,
-                           0x1.354afcp-7f,   0x1.006db6p+0f,  0x1.6a9efcp+1f};
+  constexpr float lt[9] = {0x1.e2cb10p-26f,  0x1.70966cp-22f, -0x1.d8e6aep-19f, -0x1.26b582p-18f, 0x1.ca65b6p-13f,
+                           -0x1.48a810p-10f, -0x1.11c9dep-8f, 0x1.f91ec6p-3f,   0x1.805c5ep+0f};
+  constexpr float ge[9] = {-0x1.a3e136p-13f, 0x1.a76ad6p-14f, 0x1.61b8e4p-10f, -0x1.e17bcep-9f, 0x1.7824f6p-8f,
+                           -0x1.f38baep-8f,  0x1.354afcp-7f,  0x1.006db6p+0f,  0x1.6a9efcp+1f};
   const float* c = central ? lt : ge;
   const float t = central ? fadd(w, -2.5f) : fadd(::sqrtf(w), -3.0f);
   float p = c[0];
@@ -259,12 +256,8 @@ KOKKOS_INLINE_FUNCTION float normal_f32(std::uint32_t bits) {
 }
 
 /// jax.random.bernoulli(p) for float32 p.
-KOKKOS_INLINE_FUNCTION bool bernoulli_f32(std::uint32_t bits, float p) {
-  return uniform_f32(bits, 0.0f, 1.0f) < p;
-}
-KOKKOS_INLINE_FUNCTION bool bernoulli_f64(std::uint64_t bits, double p) {
-  return uniform_f64(bits, 0.0, 1.0) < p;
-}
+KOKKOS_INLINE_FUNCTION bool bernoulli_f32(std::uint32_t bits, float p) { return uniform_f32(bits, 0.0f, 1.0f) < p; }
+KOKKOS_INLINE_FUNCTION bool bernoulli_f64(std::uint64_t bits, double p) { return uniform_f64(bits, 0.0, 1.0) < p; }
 
 /// jax.random.gumbel float32, mode "low": -log(-log(uniform(tiny, 1))).
 KOKKOS_INLINE_FUNCTION float gumbel_f32(std::uint32_t bits) {
@@ -274,14 +267,13 @@ KOKKOS_INLINE_FUNCTION float gumbel_f32(std::uint32_t bits) {
 
 /// Precomputed bounds of jax.random.truncated_normal(lower, upper), float32.
 struct truncated_normal_params {
-  float a;         ///< erf(lower / sqrt 2): uniform minval
-  float b;         ///< erf(upper / sqrt 2): uniform maxval
-  float clip_lo;   ///< nextafter(lower, +inf)
-  float clip_hi;   ///< nextafter(upper, -inf)
+  float a;        ///< erf(lower / sqrt 2): uniform minval
+  float b;        ///< erf(upper / sqrt 2): uniform maxval
+  float clip_lo;  ///< nextafter(lower, +inf)
+  float clip_hi;  ///< nextafter(upper, -inf)
 };
 
-KOKKOS_INLINE_FUNCTION truncated_normal_params make_truncated_normal_params(float lower,
-                                                                           float upper) {
+KOKKOS_INLINE_FUNCTION truncated_normal_params make_truncated_normal_params(float lower, float upper) {
   // XLA rewrites x / sqrt(2) as x * (1 / sqrt(2)) with the float32 reciprocal.
   const float rsqrt2 = 0x1.6a09e6p-1f;
   truncated_normal_params p{};
@@ -292,8 +284,7 @@ KOKKOS_INLINE_FUNCTION truncated_normal_params make_truncated_normal_params(floa
   return p;
 }
 
-KOKKOS_INLINE_FUNCTION float truncated_normal_f32(std::uint32_t bits,
-                                                  const truncated_normal_params& p) {
+KOKKOS_INLINE_FUNCTION float truncated_normal_f32(std::uint32_t bits, const truncated_normal_params& p) {
   const float u = uniform_f32(bits, p.a, p.b);
   const float out = fmul(xla_erfinv_f32(u), 0x1.6a09e6p+0f);
   return xla_min(p.clip_hi, xla_max(p.clip_lo, out));
@@ -308,8 +299,7 @@ struct randint_params {
   std::uint32_t multiplier;
 };
 
-KOKKOS_INLINE_FUNCTION randint_params make_randint_params(std::int64_t minval,
-                                                         std::int64_t maxval) {
+KOKKOS_INLINE_FUNCTION randint_params make_randint_params(std::int64_t minval, std::int64_t maxval) {
   constexpr std::int64_t lo = -2147483648LL, hi = 2147483647LL;
   const bool max_out_of_range = maxval > hi;
   const std::int64_t mn = minval < lo ? lo : (minval > hi ? hi : minval);
@@ -330,14 +320,11 @@ KOKKOS_INLINE_FUNCTION randint_params make_randint_params(std::int64_t minval,
 }
 
 /// XLA unsigned remainder: x % 0 == x.
-KOKKOS_FORCEINLINE_FUNCTION std::uint32_t xla_urem(std::uint32_t x, std::uint32_t y) {
-  return y == 0u ? x : x % y;
-}
+KOKKOS_FORCEINLINE_FUNCTION std::uint32_t xla_urem(std::uint32_t x, std::uint32_t y) { return y == 0u ? x : x % y; }
 
 /// One jax.random.randint int32 value from the two bit draws (the first from
 /// split(key)[0], the second from split(key)[1]).
-KOKKOS_INLINE_FUNCTION std::int32_t randint_i32(std::uint32_t higher_bits,
-                                                std::uint32_t lower_bits,
+KOKKOS_INLINE_FUNCTION std::int32_t randint_i32(std::uint32_t higher_bits, std::uint32_t lower_bits,
                                                 const randint_params& p) {
   std::uint32_t off = xla_urem(higher_bits, p.span) * p.multiplier + xla_urem(lower_bits, p.span);
   off = xla_urem(off, p.span);
@@ -353,8 +340,7 @@ namespace tf = haliax::detail::threefry;
 /// array of shape `shape`; returns the int32 indices (shape with `axis`
 /// removed).  Gumbel noise is drawn for the full logits shape.
 inline std::vector<std::int32_t> categorical_f32(tf::key_data key, const float* logits,
-                                                 const std::vector<std::size_t>& shape,
-                                                 int axis,
+                                                 const std::vector<std::size_t>& shape, int axis,
                                                  tf::counter_mode mode = tf::default_counter_mode) {
   const int rank = static_cast<int>(shape.size());
   if (axis < 0) axis += rank;
@@ -403,8 +389,7 @@ inline std::vector<std::int32_t> permutation(tf::key_data key, std::size_t n,
     const tf::key_data sub = tf::split_at(key, 1, 2, mode);
     key = next;
     for (std::size_t i = 0; i < n; ++i) kv[i] = {tf::bits32_at(sub, i, n, mode), x[i]};
-    std::stable_sort(kv.begin(), kv.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(kv.begin(), kv.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (std::size_t i = 0; i < n; ++i) x[i] = kv[i].second;
   }
   return x;

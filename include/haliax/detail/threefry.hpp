@@ -17,7 +17,6 @@
 #pragma once
 
 #include <Kokkos_Macros.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -29,12 +28,8 @@ struct key_data {
   std::uint32_t k0 = 0;
   std::uint32_t k1 = 0;
 
-  KOKKOS_INLINE_FUNCTION constexpr bool operator==(const key_data& o) const {
-    return k0 == o.k0 && k1 == o.k1;
-  }
-  KOKKOS_INLINE_FUNCTION constexpr bool operator!=(const key_data& o) const {
-    return !(*this == o);
-  }
+  KOKKOS_INLINE_FUNCTION constexpr bool operator==(const key_data& o) const { return k0 == o.k0 && k1 == o.k1; }
+  KOKKOS_INLINE_FUNCTION constexpr bool operator!=(const key_data& o) const { return !(*this == o); }
 };
 
 /// A pair of 32-bit words (threefry block input/output).
@@ -95,8 +90,7 @@ KOKKOS_INLINE_FUNCTION constexpr word_pair hash(key_data key, word_pair counter)
 /// disabled) the seed is wrapped to 32 bits and the key is [0, low32]; with
 /// seed_mode::x64 the key is [seed >> 32, seed & 0xffffffff] (negative int64
 /// seeds are taken in two's complement, as JAX does).
-KOKKOS_INLINE_FUNCTION constexpr key_data prng_key(std::uint64_t seed,
-                                                   seed_mode mode = default_seed_mode) {
+KOKKOS_INLINE_FUNCTION constexpr key_data prng_key(std::uint64_t seed, seed_mode mode = default_seed_mode) {
   const auto lo = static_cast<std::uint32_t>(seed & 0xFFFFFFFFull);
   const auto hi = static_cast<std::uint32_t>(seed >> 32);
   return mode == seed_mode::x64 ? key_data{hi, lo} : key_data{0u, lo};
@@ -109,12 +103,10 @@ KOKKOS_INLINE_FUNCTION constexpr key_data fold_in(key_data key, std::uint32_t da
 }
 
 /// The i-th of the n keys returned by jax.random.split(key, n).
-KOKKOS_INLINE_FUNCTION constexpr key_data split_at(key_data key, std::uint64_t i,
-                                                   std::uint64_t n,
+KOKKOS_INLINE_FUNCTION constexpr key_data split_at(key_data key, std::uint64_t i, std::uint64_t n,
                                                    counter_mode mode = default_counter_mode) {
   if (mode == counter_mode::partitionable) {
-    const word_pair h = hash(
-        key, word_pair{static_cast<std::uint32_t>(i >> 32), static_cast<std::uint32_t>(i)});
+    const word_pair h = hash(key, word_pair{static_cast<std::uint32_t>(i >> 32), static_cast<std::uint32_t>(i)});
     return key_data{h.w0, h.w1};
   }
   // Original: the 2n words of iota(2n) are hashed as pairs (j, j + n); the
@@ -122,8 +114,7 @@ KOKKOS_INLINE_FUNCTION constexpr key_data split_at(key_data key, std::uint64_t i
   // then read two at a time.
   auto word = [&](std::uint64_t j) -> std::uint32_t {
     const std::uint64_t base = j < n ? j : j - n;
-    const word_pair h = hash(key, word_pair{static_cast<std::uint32_t>(base),
-                                            static_cast<std::uint32_t>(base + n)});
+    const word_pair h = hash(key, word_pair{static_cast<std::uint32_t>(base), static_cast<std::uint32_t>(base + n)});
     return j < n ? h.w0 : h.w1;
   };
   return key_data{word(2 * i), word(2 * i + 1)};
@@ -134,25 +125,22 @@ KOKKOS_INLINE_FUNCTION constexpr key_data split_at(key_data key, std::uint64_t i
 
 namespace detail {
 // Original layout: word j of the ceil-padded iota(m) of m 32-bit words.
-KOKKOS_INLINE_FUNCTION constexpr std::uint32_t original_word(key_data key, std::uint64_t j,
-                                                             std::uint64_t m) {
+KOKKOS_INLINE_FUNCTION constexpr std::uint32_t original_word(key_data key, std::uint64_t j, std::uint64_t m) {
   const std::uint64_t half = (m + 1) / 2;
   const std::uint64_t base = j < half ? j : j - half;
   const std::uint64_t second = base + half;
-  const word_pair h = hash(key, word_pair{static_cast<std::uint32_t>(base),
-                                          second < m ? static_cast<std::uint32_t>(second) : 0u});
+  const word_pair h =
+      hash(key, word_pair{static_cast<std::uint32_t>(base), second < m ? static_cast<std::uint32_t>(second) : 0u});
   return j < half ? h.w0 : h.w1;
 }
 
 KOKKOS_INLINE_FUNCTION constexpr word_pair partitionable_pair(key_data key, std::uint64_t i) {
-  return hash(key,
-              word_pair{static_cast<std::uint32_t>(i >> 32), static_cast<std::uint32_t>(i)});
+  return hash(key, word_pair{static_cast<std::uint32_t>(i >> 32), static_cast<std::uint32_t>(i)});
 }
 }  // namespace detail
 
 /// jax.random.bits(key, shape, uint32) element i of n.
-KOKKOS_INLINE_FUNCTION constexpr std::uint32_t bits32_at(key_data key, std::uint64_t i,
-                                                         std::uint64_t n,
+KOKKOS_INLINE_FUNCTION constexpr std::uint32_t bits32_at(key_data key, std::uint64_t i, std::uint64_t n,
                                                          counter_mode mode = default_counter_mode) {
   if (mode == counter_mode::partitionable) {
     const word_pair h = detail::partitionable_pair(key, i);
@@ -162,8 +150,7 @@ KOKKOS_INLINE_FUNCTION constexpr std::uint32_t bits32_at(key_data key, std::uint
 }
 
 /// jax.random.bits(key, shape, uint64) element i of n (needs x64 in JAX).
-KOKKOS_INLINE_FUNCTION constexpr std::uint64_t bits64_at(key_data key, std::uint64_t i,
-                                                         std::uint64_t n,
+KOKKOS_INLINE_FUNCTION constexpr std::uint64_t bits64_at(key_data key, std::uint64_t i, std::uint64_t n,
                                                          counter_mode mode = default_counter_mode) {
   if (mode == counter_mode::partitionable) {
     const word_pair h = detail::partitionable_pair(key, i);
@@ -171,14 +158,13 @@ KOKKOS_INLINE_FUNCTION constexpr std::uint64_t bits64_at(key_data key, std::uint
   }
   // 2n words; the high halves are words [0, n), the low halves [n, 2n): both
   // come from the same hash of the counter pair (i, i + n).
-  const word_pair h = hash(key, word_pair{static_cast<std::uint32_t>(i),
-                                          static_cast<std::uint32_t>(i + n)});
+  const word_pair h = hash(key, word_pair{static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i + n)});
   return (static_cast<std::uint64_t>(h.w0) << 32) | h.w1;
 }
 
 /// jax.random.bits(key, shape, uint16 / uint8) element i of n.
-KOKKOS_INLINE_FUNCTION constexpr std::uint32_t bits_small_at(key_data key, unsigned bit_width,
-                                                             std::uint64_t i, std::uint64_t n,
+KOKKOS_INLINE_FUNCTION constexpr std::uint32_t bits_small_at(key_data key, unsigned bit_width, std::uint64_t i,
+                                                             std::uint64_t n,
                                                              counter_mode mode = default_counter_mode) {
   const std::uint32_t mask = bit_width == 8 ? 0xFFu : 0xFFFFu;
   if (mode == counter_mode::partitionable) {
@@ -192,13 +178,15 @@ KOKKOS_INLINE_FUNCTION constexpr std::uint32_t bits_small_at(key_data key, unsig
 }
 
 /// Any supported width (8, 16, 32, 64), widened to 64 bits.
-KOKKOS_INLINE_FUNCTION constexpr std::uint64_t bits_at(key_data key, unsigned bit_width,
-                                                       std::uint64_t i, std::uint64_t n,
-                                                       counter_mode mode = default_counter_mode) {
+KOKKOS_INLINE_FUNCTION constexpr std::uint64_t bits_at(key_data key, unsigned bit_width, std::uint64_t i,
+                                                       std::uint64_t n, counter_mode mode = default_counter_mode) {
   switch (bit_width) {
-    case 64: return bits64_at(key, i, n, mode);
-    case 32: return bits32_at(key, i, n, mode);
-    default: return bits_small_at(key, bit_width, i, n, mode);
+    case 64:
+      return bits64_at(key, i, n, mode);
+    case 32:
+      return bits32_at(key, i, n, mode);
+    default:
+      return bits_small_at(key, bit_width, i, n, mode);
   }
 }
 
@@ -206,8 +194,7 @@ KOKKOS_INLINE_FUNCTION constexpr std::uint64_t bits_at(key_data key, unsigned bi
 // Host conveniences (bulk).
 
 /// jax.random.split(key, n) on the host.
-inline std::vector<key_data> split(key_data key, std::size_t n = 2,
-                                   counter_mode mode = default_counter_mode) {
+inline std::vector<key_data> split(key_data key, std::size_t n = 2, counter_mode mode = default_counter_mode) {
   std::vector<key_data> out(n);
   for (std::size_t i = 0; i < n; ++i) out[i] = split_at(key, i, n, mode);
   return out;
@@ -217,8 +204,7 @@ inline std::vector<key_data> split(key_data key, std::size_t n = 2,
 /// width in {8, 16, 32, 64}, widened to uint64.  The original counter layout
 /// is supported up to 2^32 - 2 words (JAX switches to a split-based scheme
 /// beyond that).
-inline std::vector<std::uint64_t> random_bits(key_data key, std::size_t count,
-                                              unsigned bit_width = 32,
+inline std::vector<std::uint64_t> random_bits(key_data key, std::size_t count, unsigned bit_width = 32,
                                               counter_mode mode = default_counter_mode) {
   std::vector<std::uint64_t> out(count);
   for (std::size_t i = 0; i < count; ++i) out[i] = bits_at(key, bit_width, i, count, mode);

@@ -20,9 +20,8 @@ namespace haliax {
 
 /// `C...` can be contracted between arrays with axes `AxA` and `AxB`: each is an axis of both, listed once.
 template <class AxA, class AxB, class... C>
-concept DotContractible =
-    (AxisTag<C> && ...) && detail::is_unique_v<detail::mp::mp_list<std::remove_cvref_t<C>...>> &&
-    (AxisOf<C, AxA> && ...) && (AxisOf<C, AxB> && ...);
+concept DotContractible = (AxisTag<C> && ...) && detail::is_unique_v<detail::mp::mp_list<std::remove_cvref_t<C>...>> &&
+                          (AxisOf<C, AxA> && ...) && (AxisOf<C, AxB> && ...);
 
 namespace detail {
 
@@ -92,12 +91,11 @@ struct dot_out_order<Default, void> {
 /// `Out` (optional) is the output order, a full list or a partial one with `ellipsis`.
 /// `dot(x {batch, embed}, w {embed, mlp}, Embed)` -> {batch, mlp}.
 template <class Out = void, class T, class AxA, class AxB, class... C>
-  requires NumericElement<T> && DotContractible<AxA, AxB, C...> &&
-           (std::is_void_v<Out> ||
-            detail::valid_order_v<typename detail::dot_layout<detail::to_list<AxA>, detail::to_list<AxB>,
-                                                               detail::mp::mp_list<C...>>::default_out,
-                                  detail::to_list<Out>>)
-auto dot(const named_array<T, AxA>& a, const named_array<T, AxB>& b, C...) {
+requires NumericElement<T> && DotContractible<AxA, AxB, C...> &&(
+    std::is_void_v<Out> ||
+    detail::valid_order_v<
+        typename detail::dot_layout<detail::to_list<AxA>, detail::to_list<AxB>, detail::mp::mp_list<C...>>::default_out,
+        detail::to_list<Out>>)auto dot(const named_array<T, AxA>& a, const named_array<T, AxB>& b, C...) {
   using LA = detail::to_list<AxA>;
   using LB = detail::to_list<AxB>;
   using L = detail::dot_layout<LA, LB, detail::mp::mp_list<std::remove_cvref_t<C>...>>;
@@ -110,7 +108,8 @@ auto dot(const named_array<T, AxA>& a, const named_array<T, AxB>& b, C...) {
 
   using canon = typename L::canonical;
   auto csizes = detail::sizes_from<canon>(a, b);
-  auto all = detail::sizes_from<detail::mp::mp_append<typename L::bat, typename L::m, typename L::n, typename L::k>>(a, b);
+  auto all =
+      detail::sizes_from<detail::mp::mp_append<typename L::bat, typename L::m, typename L::n, typename L::k>>(a, b);
   constexpr std::size_t nb = detail::mp::mp_size<typename L::bat>::value;
   constexpr std::size_t nm = detail::mp::mp_size<typename L::m>::value;
   constexpr std::size_t nn = detail::mp::mp_size<typename L::n>::value;

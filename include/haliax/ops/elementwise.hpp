@@ -22,7 +22,7 @@ namespace haliax {
 /// Axis lists that broadcast together: one contains the other.
 template <class AxA, class AxB>
 concept BroadcastCompatible = detail::subset_v<detail::to_list<AxA>, detail::to_list<AxB>> ||
-                              detail::subset_v<detail::to_list<AxB>, detail::to_list<AxA>>;
+    detail::subset_v<detail::to_list<AxB>, detail::to_list<AxA>>;
 
 /// The axes of the result of broadcasting `AxA` with `AxB` (the superset, with its order).
 template <class AxA, class AxB>
@@ -87,8 +87,7 @@ named_array<Out, Axes> map(const char* label, const named_array<T, Axes>& x, Op 
 
 /// out = op(a, b) with broadcasting by name; `AxR` is the result's axis list.
 template <class Out, class AxR, class TA, class AxA, class TB, class AxB, class Op>
-named_array<Out, AxR> zip(const char* label, const named_array<TA, AxA>& a, const named_array<TB, AxB>& b,
-                          Op op) {
+named_array<Out, AxR> zip(const char* label, const named_array<TA, AxA>& a, const named_array<TB, AxB>& b, Op op) {
   check_shared_sizes(label, a, b);
   using LR = to_list<AxR>;
   std::array<std::int64_t, AxR::rank> rsizes;
@@ -106,22 +105,23 @@ named_array<Out, AxR> zip(const char* label, const named_array<TA, AxA>& a, cons
   const TA* pa = a.data();
   const TB* pb = b.data();
   Out* po = r.data();
-  nd_for_each<3>(label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
-    Out* o = po + off[0];
-    const TA* x = pa + off[1];
-    const TB* y = pb + off[2];
-    if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
-      for (std::int64_t j = 0; j < n; ++j) store(o, j, op(load(x, j), load(y, j)));
-    } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
-      const auto yv = load(y, 0);
-      for (std::int64_t j = 0; j < n; ++j) store(o, j, op(load(x, j), yv));
-    } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {
-      const auto xv = load(x, 0);
-      for (std::int64_t j = 0; j < n; ++j) store(o, j, op(xv, load(y, j)));
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) store(o, j * s[0], op(load(x, j * s[1]), load(y, j * s[2])));
-    }
-  });
+  nd_for_each<3>(
+      label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
+        Out* o = po + off[0];
+        const TA* x = pa + off[1];
+        const TB* y = pb + off[2];
+        if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(load(x, j), load(y, j)));
+        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
+          const auto yv = load(y, 0);
+          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(load(x, j), yv));
+        } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {
+          const auto xv = load(x, 0);
+          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(xv, load(y, j)));
+        } else {
+          for (std::int64_t j = 0; j < n; ++j) store(o, j * s[0], op(load(x, j * s[1]), load(y, j * s[2])));
+        }
+      });
   return r;
 }
 
@@ -137,25 +137,26 @@ named_array<T, AxR> broadcast_copy(const char* label, const named_array<T, AxA>&
   auto plan = make_plan<2>(static_cast<int>(AxR::rank), rsizes.data(), st);
   const T* px = x.data();
   T* po = r.data();
-  nd_for_each<2>(label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
-    T* o = po + off[0];
-    const T* in = px + off[1];
-    if (s[0] == 1 && s[1] == 1) {
-      for (std::int64_t j = 0; j < n; ++j) o[j] = in[j];
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) o[j * s[0]] = in[j * s[1]];
-    }
-  });
+  nd_for_each<2>(
+      label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
+        T* o = po + off[0];
+        const T* in = px + off[1];
+        if (s[0] == 1 && s[1] == 1) {
+          for (std::int64_t j = 0; j < n; ++j) o[j] = in[j];
+        } else {
+          for (std::int64_t j = 0; j < n; ++j) o[j * s[0]] = in[j * s[1]];
+        }
+      });
   return r;
 }
 
 // Functors. Each takes compute-type values and returns a compute-type value (or bool for predicates).
-#define HALIAX_UNARY_FUNCTOR(NAME, EXPR)            \
-  struct NAME##_fn {                                \
-    template <class V>                              \
+#define HALIAX_UNARY_FUNCTOR(NAME, EXPR)                \
+  struct NAME##_fn {                                    \
+    template <class V>                                  \
     KOKKOS_INLINE_FUNCTION auto operator()(V x) const { \
-      return EXPR;                                  \
-    }                                               \
+      return EXPR;                                      \
+    }                                                   \
   };
 HALIAX_UNARY_FUNCTOR(abs, x < V(0) ? -x : x)
 HALIAX_UNARY_FUNCTOR(negative, -x)
@@ -190,12 +191,12 @@ HALIAX_UNARY_FUNCTOR(isfinite, bool(math::isfinite(x)))
 HALIAX_UNARY_FUNCTOR(logical_not, !x)
 #undef HALIAX_UNARY_FUNCTOR
 
-#define HALIAX_BINARY_FUNCTOR(NAME, EXPR)                  \
-  struct NAME##_fn {                                       \
-    template <class V>                                     \
+#define HALIAX_BINARY_FUNCTOR(NAME, EXPR)                    \
+  struct NAME##_fn {                                         \
+    template <class V>                                       \
     KOKKOS_INLINE_FUNCTION auto operator()(V a, V b) const { \
-      return EXPR;                                         \
-    }                                                      \
+      return EXPR;                                           \
+    }                                                        \
   };
 HALIAX_BINARY_FUNCTOR(add, a + b)
 HALIAX_BINARY_FUNCTOR(subtract, a - b)
@@ -213,7 +214,7 @@ HALIAX_BINARY_FUNCTOR(less, bool(a < b))
 HALIAX_BINARY_FUNCTOR(less_equal, bool(a <= b))
 HALIAX_BINARY_FUNCTOR(greater, bool(a > b))
 HALIAX_BINARY_FUNCTOR(greater_equal, bool(a >= b))
-HALIAX_BINARY_FUNCTOR(logical_and, bool(a && b))
+HALIAX_BINARY_FUNCTOR(logical_and, bool(a&& b))
 HALIAX_BINARY_FUNCTOR(logical_or, bool(a || b))
 HALIAX_BINARY_FUNCTOR(logical_xor, bool(bool(a) != bool(b)))
 #undef HALIAX_BINARY_FUNCTOR
@@ -244,10 +245,10 @@ struct bind_scalar {
 // ---------------------------------------------------------------------------------------------------------
 // Unary ops: the result has the input's axes. Float-only ones are constrained to float element types.
 
-#define HALIAX_DEFINE_UNARY(NAME, CONSTRAINT)                                                            \
-  /** Elementwise NAME; keeps every axis. */                                                             \
-  template <CONSTRAINT T, class Axes>                                                                    \
-  auto NAME(const named_array<T, Axes>& x) {                                                             \
+#define HALIAX_DEFINE_UNARY(NAME, CONSTRAINT)                                                                   \
+  /** Elementwise NAME; keeps every axis. */                                                                    \
+  template <CONSTRAINT T, class Axes>                                                                           \
+  auto NAME(const named_array<T, Axes>& x) {                                                                    \
     return detail::map<detail::unary_result_t<detail::NAME##_fn, T>>("haliax::" #NAME, x, detail::NAME##_fn{}); \
   }
 HALIAX_DEFINE_UNARY(abs, NumericElement)
@@ -300,27 +301,27 @@ named_array<bool, Axes> operator!(const named_array<bool, Axes>& x) {
 // ---------------------------------------------------------------------------------------------------------
 // Binary ops: array-array (broadcast by name, same element type), array-scalar and scalar-array.
 
-#define HALIAX_DEFINE_BINARY(NAME, CONSTRAINT)                                                                \
-  /** Elementwise NAME with broadcasting by axis name: one operand's axes must contain the other's. */      \
-  template <CONSTRAINT T, class AxA, class AxB>                                                               \
-    requires BroadcastCompatible<AxA, AxB>                                                                    \
-  auto NAME(const named_array<T, AxA>& a, const named_array<T, AxB>& b) {                                     \
-    return detail::zip<detail::binary_result_t<detail::NAME##_fn, T>, broadcast_axes_t<AxA, AxB>>(            \
-        "haliax::" #NAME, a, b, detail::NAME##_fn{});                                                         \
-  }                                                                                                           \
-  /** Elementwise NAME of an array and a scalar. */                                                           \
-  template <CONSTRAINT T, class Axes, Scalar S>                                                               \
-  auto NAME(const named_array<T, Axes>& a, S s) {                                                             \
-    using V = compute_t<T>;                                                                                   \
-    return detail::map<detail::binary_result_t<detail::NAME##_fn, T>>(                                       \
-        "haliax::" #NAME, a, detail::bind_scalar<detail::NAME##_fn, V, false>{{}, static_cast<V>(s)});        \
-  }                                                                                                           \
-  /** Elementwise NAME of a scalar and an array. */                                                           \
-  template <CONSTRAINT T, class Axes, Scalar S>                                                               \
-  auto NAME(S s, const named_array<T, Axes>& a) {                                                             \
-    using V = compute_t<T>;                                                                                   \
-    return detail::map<detail::binary_result_t<detail::NAME##_fn, T>>(                                       \
-        "haliax::" #NAME, a, detail::bind_scalar<detail::NAME##_fn, V, true>{{}, static_cast<V>(s)});         \
+#define HALIAX_DEFINE_BINARY(NAME, CONSTRAINT)                                                         \
+  /** Elementwise NAME with broadcasting by axis name: one operand's axes must contain the other's. */ \
+  template <CONSTRAINT T, class AxA, class AxB>                                                        \
+  requires BroadcastCompatible<AxA, AxB>                                                               \
+  auto NAME(const named_array<T, AxA>& a, const named_array<T, AxB>& b) {                              \
+    return detail::zip<detail::binary_result_t<detail::NAME##_fn, T>, broadcast_axes_t<AxA, AxB>>(     \
+        "haliax::" #NAME, a, b, detail::NAME##_fn{});                                                  \
+  }                                                                                                    \
+  /** Elementwise NAME of an array and a scalar. */                                                    \
+  template <CONSTRAINT T, class Axes, Scalar S>                                                        \
+  auto NAME(const named_array<T, Axes>& a, S s) {                                                      \
+    using V = compute_t<T>;                                                                            \
+    return detail::map<detail::binary_result_t<detail::NAME##_fn, T>>(                                 \
+        "haliax::" #NAME, a, detail::bind_scalar<detail::NAME##_fn, V, false>{{}, static_cast<V>(s)}); \
+  }                                                                                                    \
+  /** Elementwise NAME of a scalar and an array. */                                                    \
+  template <CONSTRAINT T, class Axes, Scalar S>                                                        \
+  auto NAME(S s, const named_array<T, Axes>& a) {                                                      \
+    using V = compute_t<T>;                                                                            \
+    return detail::map<detail::binary_result_t<detail::NAME##_fn, T>>(                                 \
+        "haliax::" #NAME, a, detail::bind_scalar<detail::NAME##_fn, V, true>{{}, static_cast<V>(s)});  \
   }
 HALIAX_DEFINE_BINARY(add, NumericElement)
 HALIAX_DEFINE_BINARY(subtract, NumericElement)
@@ -341,11 +342,11 @@ HALIAX_DEFINE_BINARY(greater_equal, NumericElement)
 #undef HALIAX_DEFINE_BINARY
 
 /// Bool arrays only: elementwise and / or / xor with broadcasting by name.
-#define HALIAX_DEFINE_LOGICAL(NAME)                                                                            \
-  template <class AxA, class AxB>                                                                              \
-    requires BroadcastCompatible<AxA, AxB>                                                                     \
-  auto NAME(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) {                                \
-    return detail::zip<bool, broadcast_axes_t<AxA, AxB>>("haliax::" #NAME, a, b, detail::NAME##_fn{});         \
+#define HALIAX_DEFINE_LOGICAL(NAME)                                                                    \
+  template <class AxA, class AxB>                                                                      \
+  requires BroadcastCompatible<AxA, AxB>                                                               \
+  auto NAME(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) {                        \
+    return detail::zip<bool, broadcast_axes_t<AxA, AxB>>("haliax::" #NAME, a, b, detail::NAME##_fn{}); \
   }
 HALIAX_DEFINE_LOGICAL(logical_and)
 HALIAX_DEFINE_LOGICAL(logical_or)
@@ -353,19 +354,17 @@ HALIAX_DEFINE_LOGICAL(logical_xor)
 #undef HALIAX_DEFINE_LOGICAL
 
 // Operators: the same rules as the named functions.
-#define HALIAX_DEFINE_OPERATOR(OP, NAME)                                                             \
-  template <NumericElement T, class AxA, class AxB>                                                  \
-    requires BroadcastCompatible<AxA, AxB>                                                           \
-  auto operator OP(const named_array<T, AxA>& a, const named_array<T, AxB>& b) {                     \
-    return NAME(a, b);                                                                               \
-  }                                                                                                  \
-  template <NumericElement T, class Axes, Scalar S>                                                  \
-  auto operator OP(const named_array<T, Axes>& a, S s) {                                             \
-    return NAME(a, s);                                                                               \
-  }                                                                                                  \
-  template <NumericElement T, class Axes, Scalar S>                                                  \
-  auto operator OP(S s, const named_array<T, Axes>& a) {                                             \
-    return NAME(s, a);                                                                               \
+#define HALIAX_DEFINE_OPERATOR(OP, NAME)                                                              \
+  template <NumericElement T, class AxA, class AxB>                                                   \
+  requires BroadcastCompatible<AxA, AxB>                                                              \
+  auto operator OP(const named_array<T, AxA>& a, const named_array<T, AxB>& b) { return NAME(a, b); } \
+  template <NumericElement T, class Axes, Scalar S>                                                   \
+  auto operator OP(const named_array<T, Axes>& a, S s) {                                              \
+    return NAME(a, s);                                                                                \
+  }                                                                                                   \
+  template <NumericElement T, class Axes, Scalar S>                                                   \
+  auto operator OP(S s, const named_array<T, Axes>& a) {                                              \
+    return NAME(s, a);                                                                                \
   }
 HALIAX_DEFINE_OPERATOR(+, add)
 HALIAX_DEFINE_OPERATOR(-, subtract)
@@ -378,15 +377,11 @@ HALIAX_DEFINE_OPERATOR(>=, greater_equal)
 #undef HALIAX_DEFINE_OPERATOR
 
 template <class AxA, class AxB>
-  requires BroadcastCompatible<AxA, AxB>
-auto operator&&(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) {
-  return logical_and(a, b);
-}
+requires BroadcastCompatible<AxA, AxB>
+auto operator&&(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) { return logical_and(a, b); }
 template <class AxA, class AxB>
-  requires BroadcastCompatible<AxA, AxB>
-auto operator||(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) {
-  return logical_or(a, b);
-}
+requires BroadcastCompatible<AxA, AxB>
+auto operator||(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) { return logical_or(a, b); }
 
 // ---------------------------------------------------------------------------------------------------------
 // Broadcasting helpers, where, clip
@@ -395,8 +390,8 @@ auto operator||(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b
 /// (upstream `broadcast_to` with `ensure_order=True`). Every axis of `x` must be listed; shared axes must
 /// agree in size.
 template <class T, class AxA, SizedAxis... S>
-  requires detail::subset_v<detail::to_list<AxA>, detail::mp::mp_list<typename S::axis_type...>>
-array_for<T, S...> broadcast_to(const named_array<T, AxA>& x, S... s) {
+requires detail::subset_v<detail::to_list<AxA>, detail::mp::mp_list<typename S::axis_type...>> array_for<T, S...>
+broadcast_to(const named_array<T, AxA>& x, S... s) {
   using AxR = typename array_for<T, S...>::axes_type;
   std::array<std::int64_t, sizeof...(S)> rsizes{s.size...};
   detail::check_shared_sizes_raw<AxA, AxR>("haliax::broadcast_to", x.sizes(), rsizes);
@@ -406,9 +401,10 @@ array_for<T, S...> broadcast_to(const named_array<T, AxA>& x, S... s) {
 /// `x` with new leading axes prepended (upstream `broadcast_axis`): `broadcast_axis(x, 4 * Batch)` turns
 /// {embed} into {batch, embed}. The new axes must not already be axes of `x`.
 template <class T, auto... A, SizedAxis... S>
-  requires(sizeof...(S) > 0 && detail::disjoint_v<detail::mp::mp_list<typename S::axis_type...>,
-                                                  detail::to_list<axes<A...>>>)
-auto broadcast_axis(const named_array<T, axes<A...>>& x, S... s) {
+requires(sizeof...(S) > 0 &&
+         detail::disjoint_v<detail::mp::mp_list<typename S::axis_type...>,
+                            detail::to_list<axes<A...>>>) auto broadcast_axis(const named_array<T, axes<A...>>& x,
+                                                                              S... s) {
   using AxR = detail::to_axes<detail::mp::mp_list<typename S::axis_type..., std::remove_cvref_t<decltype(A)>...>>;
   std::array<std::int64_t, AxR::rank> rsizes;
   std::size_t i = 0;
@@ -440,7 +436,7 @@ struct where_fn {
 /// `where(cond, x, y)`: elementwise `cond ? x : y` with broadcasting by name among the three (one operand's
 /// axes must contain the other two's). `x` or `y` may be a scalar.
 template <class AxC, class T, class AxX, class AxY>
-  requires detail::Broadcast3<AxC, AxX, AxY>
+requires detail::Broadcast3<AxC, AxX, AxY>
 auto where(const named_array<bool, AxC>& cond, const named_array<T, AxX>& x, const named_array<T, AxY>& y) {
   using AxR = detail::broadcast3_axes_t<AxC, AxX, AxY>;
   detail::check_shared_sizes("haliax::where", cond, x);
@@ -465,25 +461,24 @@ auto where(const named_array<bool, AxC>& cond, const named_array<T, AxX>& x, con
   const T* px = x.data();
   const T* py = y.data();
   T* po = r.data();
-  detail::nd_for_each<4>("haliax::where", plan,
-                         KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
-                           for (std::int64_t j = 0; j < n; ++j)
-                             po[off[0] + j * s[0]] =
-                                 pc[off[1] + j * s[1]] ? px[off[2] + j * s[2]] : py[off[3] + j * s[3]];
-                         });
+  detail::nd_for_each<4>(
+      "haliax::where", plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
+        for (std::int64_t j = 0; j < n; ++j)
+          po[off[0] + j * s[0]] = pc[off[1] + j * s[1]] ? px[off[2] + j * s[2]] : py[off[3] + j * s[3]];
+      });
   return r;
 }
 
 /// `where(cond, x, scalar)`.
 template <class AxC, class T, class AxX, Scalar S>
-  requires BroadcastCompatible<AxC, AxX>
+requires BroadcastCompatible<AxC, AxX>
 auto where(const named_array<bool, AxC>& cond, const named_array<T, AxX>& x, S y) {
   return where(cond, x, full<T>(detail::from_double<T>(static_cast<double>(y))));
 }
 
 /// `where(cond, scalar, y)`.
 template <class AxC, class T, class AxY, Scalar S>
-  requires BroadcastCompatible<AxC, AxY>
+requires BroadcastCompatible<AxC, AxY>
 auto where(const named_array<bool, AxC>& cond, S x, const named_array<T, AxY>& y) {
   return where(cond, full<T>(detail::from_double<T>(static_cast<double>(x))), y);
 }
@@ -496,10 +491,10 @@ named_array<T, Axes> clip(const named_array<T, Axes>& x, S1 lo, S2 hi) {
 
 /// Clamps with array bounds, broadcast by name against `x` (bounds' axes must be subsets of x's).
 template <NumericElement T, class Axes, class AxL, class AxH>
-  requires detail::subset_v<detail::to_list<AxL>, detail::to_list<Axes>> &&
-           detail::subset_v<detail::to_list<AxH>, detail::to_list<Axes>>
-named_array<T, Axes> clip(const named_array<T, Axes>& x, const named_array<T, AxL>& lo,
-                          const named_array<T, AxH>& hi) {
+requires detail::subset_v<detail::to_list<AxL>, detail::to_list<Axes>> &&
+    detail::subset_v<detail::to_list<AxH>, detail::to_list<Axes>>
+        named_array<T, Axes> clip(const named_array<T, Axes>& x, const named_array<T, AxL>& lo,
+                                  const named_array<T, AxH>& hi) {
   return minimum(maximum(x, lo), hi);
 }
 

@@ -20,15 +20,13 @@ namespace haliax {
 
 /// The axes to reduce exist in the array and are listed once.
 template <class Axes, class... R>
-concept ReducibleAxes = (AxisOf<R, Axes> && ...) &&
-                        detail::is_unique_v<detail::mp::mp_list<std::remove_cvref_t<R>...>>;
+concept ReducibleAxes = (AxisOf<R, Axes> && ...) && detail::is_unique_v<detail::mp::mp_list<std::remove_cvref_t<R>...>>;
 
 /// Axes left after reducing `R...` (every axis when none is given).
 template <class Axes, class... R>
-using reduced_axes_t =
-    std::conditional_t<sizeof...(R) == 0, axes<>,
-                       detail::to_axes<detail::difference<detail::to_list<Axes>,
-                                                          detail::mp::mp_list<std::remove_cvref_t<R>...>>>>;
+using reduced_axes_t = std::conditional_t<
+    sizeof...(R) == 0, axes<>,
+    detail::to_axes<detail::difference<detail::to_list<Axes>, detail::mp::mp_list<std::remove_cvref_t<R>...>>>>;
 
 /// A boolean mask restricting a reduction (upstream `where=`). Its axes must be a subset of the input's.
 template <class AxM>
@@ -65,8 +63,8 @@ reduce_plan make_reduce_plan(const std::array<std::int64_t, Axes::rank>& sizes,
   if (mask_sizes) mstr = strides_in<Axes, AxM>(*mask_sizes);
   std::array<bool, Axes::rank> reduced{};
   mp::mp_for_each<RList>([&]<class Tag>(Tag) { reduced[index_of_v<L, Tag>] = true; });
-  auto push = [](int& rank, std::int64_t* ext, std::int64_t* s_in, std::int64_t* s_m, std::int64_t e,
-                 std::int64_t si, std::int64_t sm) {
+  auto push = [](int& rank, std::int64_t* ext, std::int64_t* s_in, std::int64_t* s_m, std::int64_t e, std::int64_t si,
+                 std::int64_t sm) {
     if (e == 1) return;
     if (rank > 0 && s_in[rank - 1] == si * e && s_m[rank - 1] == sm * e) {
       ext[rank - 1] *= e;
@@ -127,7 +125,8 @@ void run_reduction(const char* label, const reduce_plan& plan, const T* in, cons
               }
               if (mask) {
                 for (std::int64_t j = 0; j < n_last; ++j)
-                  if (mask[off_m + j * s_m]) op.step(acc, static_cast<compute_t<T>>(in[off_in + j * s_in]), counter + j);
+                  if (mask[off_m + j * s_m])
+                    op.step(acc, static_cast<compute_t<T>>(in[off_in + j * s_in]), counter + j);
               } else if (s_in == 1) {
                 const T* row = in + off_in;
                 for (std::int64_t j = 0; j < n_last; ++j) op.step(acc, static_cast<compute_t<T>>(row[j]), counter + j);
@@ -246,8 +245,7 @@ struct all_op {
 };
 
 template <class Out, class Op, class T, class Axes, class AxM, class... R>
-auto reduce(const char* label, const named_array<T, Axes>& x,
-                                                     const named_array<bool, AxM>* mask, Op op) {
+auto reduce(const char* label, const named_array<T, Axes>& x, const named_array<bool, AxM>* mask, Op op) {
   using AxR = reduced_axes_t<Axes, R...>;
   using RList = std::conditional_t<sizeof...(R) == 0, to_list<Axes>, mp::mp_list<std::remove_cvref_t<R>...>>;
   if (mask) check_shared_sizes(label, x, *mask);
@@ -262,19 +260,18 @@ auto reduce(const char* label, const named_array<T, Axes>& x,
 }  // namespace detail
 
 // Each reduction has two forms: `f(x, Axes...)` and `f(x, where_mask{m}, Axes...)`; no axes means all.
-#define HALIAX_DEFINE_REDUCTION(NAME, CONSTRAINT, OUT, OP, DOC)                                                 \
-  /** DOC Drops the listed axes (all axes when none are listed). */                                          \
-  template <CONSTRAINT T, class Axes, class... R>                                                             \
-    requires ReducibleAxes<Axes, R...>                                                                        \
-  auto NAME(const named_array<T, Axes>& x, R...) {                    \
-    return detail::reduce<OUT, OP, T, Axes, axes<>, R...>("haliax::" #NAME, x, nullptr, OP{});                \
-  }                                                                                                           \
-  /** DOC Only elements where the mask is true take part; the mask broadcasts against x by name. */           \
-  template <CONSTRAINT T, class Axes, class AxM, class... R>                                                  \
-    requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>       \
-  auto NAME(const named_array<T, Axes>& x, const where_mask<AxM>& m,  \
-                                                    R...) {                                                   \
-    return detail::reduce<OUT, OP, T, Axes, AxM, R...>("haliax::" #NAME, x, &m.mask, OP{});                   \
+#define HALIAX_DEFINE_REDUCTION(NAME, CONSTRAINT, OUT, OP, DOC)                                       \
+  /** DOC Drops the listed axes (all axes when none are listed). */                                   \
+  template <CONSTRAINT T, class Axes, class... R>                                                     \
+  requires ReducibleAxes<Axes, R...>                                                                  \
+  auto NAME(const named_array<T, Axes>& x, R...) {                                                    \
+    return detail::reduce<OUT, OP, T, Axes, axes<>, R...>("haliax::" #NAME, x, nullptr, OP{});        \
+  }                                                                                                   \
+  /** DOC Only elements where the mask is true take part; the mask broadcasts against x by name. */   \
+  template <CONSTRAINT T, class Axes, class AxM, class... R>                                          \
+  requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>> \
+  auto NAME(const named_array<T, Axes>& x, const where_mask<AxM>& m, R...) {                          \
+    return detail::reduce<OUT, OP, T, Axes, AxM, R...>("haliax::" #NAME, x, &m.mask, OP{});           \
   }
 
 HALIAX_DEFINE_REDUCTION(sum, NumericElement, T, detail::sum_op<T>, Sum of the elements.)
@@ -286,52 +283,52 @@ HALIAX_DEFINE_REDUCTION(min, NumericElement, T, detail::min_op<T>, Minimum; NaN 
 
 /// True if any element is true. Drops the listed axes (all when none are listed).
 template <class Axes, class... R>
-  requires ReducibleAxes<Axes, R...>
+requires ReducibleAxes<Axes, R...>
 auto any(const named_array<bool, Axes>& x, R...) {
   return detail::reduce<bool, detail::any_op, bool, Axes, axes<>, R...>("haliax::any", x, nullptr, {});
 }
 template <class Axes, class AxM, class... R>
-  requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
+requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
 auto any(const named_array<bool, Axes>& x, const where_mask<AxM>& m, R...) {
   return detail::reduce<bool, detail::any_op, bool, Axes, AxM, R...>("haliax::any", x, &m.mask, {});
 }
 
 /// True if every element is true. Drops the listed axes (all when none are listed).
 template <class Axes, class... R>
-  requires ReducibleAxes<Axes, R...>
+requires ReducibleAxes<Axes, R...>
 auto all(const named_array<bool, Axes>& x, R...) {
   return detail::reduce<bool, detail::all_op, bool, Axes, axes<>, R...>("haliax::all", x, nullptr, {});
 }
 template <class Axes, class AxM, class... R>
-  requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
+requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
 auto all(const named_array<bool, Axes>& x, const where_mask<AxM>& m, R...) {
   return detail::reduce<bool, detail::all_op, bool, Axes, AxM, R...>("haliax::all", x, &m.mask, {});
 }
 
 /// Index (int32) of the first maximum along one axis, which is dropped: `argmax(logits, Vocab)`.
 template <NumericElement T, class Axes, AxisTag R>
-  requires ReducibleAxes<Axes, R>
+requires ReducibleAxes<Axes, R>
 auto argmax(const named_array<T, Axes>& x, R) {
   return detail::reduce<std::int32_t, detail::arg_op<T, true>, T, Axes, axes<>, R>("haliax::argmax", x, nullptr, {});
 }
 
 /// Index (int32) of the first minimum along one axis, which is dropped.
 template <NumericElement T, class Axes, AxisTag R>
-  requires ReducibleAxes<Axes, R>
+requires ReducibleAxes<Axes, R>
 auto argmin(const named_array<T, Axes>& x, R) {
   return detail::reduce<std::int32_t, detail::arg_op<T, false>, T, Axes, axes<>, R>("haliax::argmin", x, nullptr, {});
 }
 
 /// Variance (population, ddof = 0) over the listed axes (all when none): mean((x - mean(x))^2).
 template <FloatElement T, class Axes, class... R>
-  requires ReducibleAxes<Axes, R...>
+requires ReducibleAxes<Axes, R...>
 auto var(const named_array<T, Axes>& x, R... r) {
   auto m = mean(x, r...);
   return mean(square(x - m), r...);
 }
 /// Variance over the elements where the mask is true.
 template <FloatElement T, class Axes, class AxM, class... R>
-  requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
+requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
 auto var(const named_array<T, Axes>& x, const where_mask<AxM>& w, R... r) {
   auto m = mean(x, w, r...);
   return mean(square(x - m), w, r...);
@@ -339,20 +336,16 @@ auto var(const named_array<T, Axes>& x, const where_mask<AxM>& w, R... r) {
 
 /// Standard deviation (ddof = 0) over the listed axes (all when none).
 template <FloatElement T, class Axes, class... R>
-  requires ReducibleAxes<Axes, R...>
-auto std(const named_array<T, Axes>& x, R... r) {
-  return sqrt(var(x, r...));
-}
+requires ReducibleAxes<Axes, R...>
+auto std(const named_array<T, Axes>& x, R... r) { return sqrt(var(x, r...)); }
 template <FloatElement T, class Axes, class AxM, class... R>
-  requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
-auto std(const named_array<T, Axes>& x, const where_mask<AxM>& w, R... r) {
-  return sqrt(var(x, w, r...));
-}
+requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
+auto std(const named_array<T, Axes>& x, const where_mask<AxM>& w, R... r) { return sqrt(var(x, w, r...)); }
 
 /// log(sum(exp(x))) over the listed axes (all when none), computed stably by shifting by the maximum.
 /// An all -inf slice gives -inf.
 template <FloatElement T, class Axes, class... R>
-  requires ReducibleAxes<Axes, R...>
+requires ReducibleAxes<Axes, R...>
 auto logsumexp(const named_array<T, Axes>& x, R... r) {
   auto m = max(x, r...);
   auto shift = where(isfinite(m), m, 0.0);
