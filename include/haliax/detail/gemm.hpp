@@ -25,7 +25,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 /// function of the problem shape only, never of the thread count, so every element's arithmetic is the same
 /// however many threads run the tiles (OpenBLAS's own threading splits columns by the thread count, and its
 /// AVX2 kernels then round some elements differently). Tiles are 256 rows by all columns, with columns
-/// halved (to multiples of 64) while a problem has fewer than 8 tiles, so small-M products still spread.
+/// halved (to multiples of 64) while a problem has fewer than 6 tiles, so small-M products still spread.
 struct gemm_tiling {
   std::int64_t row_block, col_block, row_blocks, col_blocks;
 };
@@ -37,7 +37,7 @@ inline gemm_tiling make_gemm_tiling(std::int64_t batch, std::int64_t m, std::int
     t.col_blocks = (n + t.col_block - 1) / t.col_block;
     return batch * t.row_blocks * t.col_blocks;
   };
-  while (count() < 8 && t.col_block > 256) t.col_block = ((t.col_block / 2 + 63) / 64) * 64;
+  while (count() < 6 && t.col_block > 256) t.col_block = ((t.col_block / 2 + 63) / 64) * 64;
   count();
   return t;
 }
