@@ -3,6 +3,7 @@
 #pragma once
 
 #include <haliax/haliax.hpp>
+#include <haliax/tree.hpp>
 
 namespace levanter {
 
