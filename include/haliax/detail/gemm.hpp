@@ -18,9 +18,6 @@ template <class T>
 using unmanaged_matrix = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space,
                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-template <class T>
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* A, const T* B, T* C);
-
 /// How C is cut into tiles, each computed by one single-threaded BLAS call on the host. The tiling is a
 /// function of the problem shape only, never of the thread count, so every element's arithmetic is the same
 /// however many threads run the tiles (OpenBLAS's own threading splits columns by the thread count, and its
@@ -99,51 +96,39 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
       unmanaged_matrix<T> c(C + i * m * n, m, n);
       KokkosBlas::gemm(trans_a ? "T" : "N", trans_b ? "T" : "N", T(1), a, b, T(0), c);
     }
-  } else {
-    for (std::int64_t i = 0; i < batch; ++i)
-      gemm<T>(trans_a, trans_b, m, n, k, A + i * m * k, B + i * k * n, C + i * m * n);
-  }
-}
-
-/// C = op(A) * op(B) with beta = 0 for one problem (see gemm_batched).
-template <class T>
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* A, const T* B, T* C) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    Kokkos::parallel_for(
-        "haliax::dot(zero)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, m * n),
-        KOKKOS_LAMBDA(std::int64_t i) { C[i] = T(0); });
-    return;
-  }
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    gemm_batched<T>(trans_a, trans_b, 1, m, n, k, A, B, C);
   } else if constexpr (std::is_same_v<T, bf16>) {
-    // No bf16 GEMM in Kokkos Kernels: widen to float (exact), multiply, round to nearest even once.
-    Kokkos::View<float*, Kokkos::DefaultExecutionSpace::memory_space> fa("haliax::dot(bf16 a)", m * k),
-        fb("haliax::dot(bf16 b)", k * n), fc("haliax::dot(bf16 c)", m * n);
+    // No bf16 GEMM in Kokkos Kernels: widen every problem to float (exact), multiply, round to nearest even.
+    using fview = Kokkos::View<float*, Kokkos::DefaultExecutionSpace::memory_space>;
+    const std::int64_t na = batch * m * k, nb = batch * k * n, nc = batch * m * n;
+    fview fa(Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::dot(bf16 a)"), na);
+    fview fb(Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::dot(bf16 b)"), nb);
+    fview fc(Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::dot(bf16 c)"), nc);
     float* pa = fa.data();
     float* pb = fb.data();
     float* pc = fc.data();
     Kokkos::parallel_for(
-        "haliax::dot(widen a)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, m * k),
+        "haliax::dot(widen a)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, na),
         KOKKOS_LAMBDA(std::int64_t i) { pa[i] = float(A[i]); });
     Kokkos::parallel_for(
-        "haliax::dot(widen b)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, k * n),
+        "haliax::dot(widen b)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, nb),
         KOKKOS_LAMBDA(std::int64_t i) { pb[i] = float(B[i]); });
-    gemm<float>(trans_a, trans_b, m, n, k, pa, pb, pc);
+    gemm_batched<float>(trans_a, trans_b, batch, m, n, k, pa, pb, pc);
     Kokkos::parallel_for(
-        "haliax::dot(round c)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, m * n),
+        "haliax::dot(round c)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, nc),
         KOKKOS_LAMBDA(std::int64_t i) { C[i] = bf16(pc[i]); });
   } else {
-    // Integers: a plain triple loop (exact; no BLAS has an int32 GEMM).
+    // Integers: a plain loop per output element (exact; no BLAS has an int32 GEMM).
     Kokkos::parallel_for(
-        "haliax::dot(int)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, m * n),
+        "haliax::dot(int)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, batch * m * n),
         KOKKOS_LAMBDA(std::int64_t idx) {
-          std::int64_t i = idx / n, j = idx - (idx / n) * n;
+          const std::int64_t b = idx / (m * n), r = idx - b * (m * n);
+          const std::int64_t i = r / n, j = r - i * n;
+          const T* a = A + b * m * k;
+          const T* bb = B + b * k * n;
           T acc = T(0);
           for (std::int64_t l = 0; l < k; ++l) {
-            T av = trans_a ? A[l * m + i] : A[i * k + l];
-            T bv = trans_b ? B[j * k + l] : B[l * n + j];
+            T av = trans_a ? a[l * m + i] : a[i * k + l];
+            T bv = trans_b ? bb[j * k + l] : bb[l * n + j];
             acc += av * bv;
           }
           C[idx] = acc;
