@@ -5,29 +5,15 @@
 #include <map>
 #include <string>
 
+#include "host_tensor.hpp"
 #include "test_axes.hpp"
 
 using namespace test_axes;
 namespace hax = haliax;
 
 namespace {
-struct labeled {
-  std::vector<std::string> names;
-  std::vector<std::int64_t> sizes;
-  std::vector<double> data;
-};
-
-template <class T, class Axes>
-labeled label(const hax::named_array<T, Axes>& x) {
-  labeled l;
-  for (auto n : x.axis_names()) l.names.emplace_back(n);
-  for (auto s : x.sizes()) l.sizes.push_back(s);
-  for (auto v : x.to_host()) l.data.push_back(static_cast<double>(v));
-  return l;
-}
-
 /// out[out_names] = sum over everything else of a * b (a naive einsum).
-std::vector<double> ref_dot(const labeled& a, const labeled& b, const std::vector<std::string>& out_names) {
+std::vector<double> ref_dot(const host_tensor& a, const host_tensor& b, const std::vector<std::string>& out_names) {
   std::map<std::string, std::int64_t> size;
   for (std::size_t i = 0; i < a.names.size(); ++i) size[a.names[i]] = a.sizes[i];
   for (std::size_t i = 0; i < b.names.size(); ++i) size[b.names[i]] = b.sizes[i];
@@ -64,7 +50,7 @@ std::vector<std::string> names_of(const R& r) {
 
 template <class A, class B, class R>
 void check_dot(const A& a, const B& b, const R& r, double rtol = 1e-5) {
-  check_close(r.to_host(), ref_dot(label(a), label(b), names_of(r)), rtol, 1e-5);
+  check_close(r.to_host(), ref_dot(host(a), host(b), names_of(r)), rtol, 1e-5);
 }
 }  // namespace
 
