@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "../core.hpp"
+#include "../detail/copy.hpp"
 #include "../detail/math.hpp"
 #include "../detail/nd_loop.hpp"
 
@@ -133,20 +134,7 @@ named_array<T, AxR> broadcast_copy(const char* label, const named_array<T, AxA>&
   auto r = named_array<T, AxR>::allocate(rsizes, label);
   auto so = row_major_strides(rsizes);
   auto sa = strides_in<AxR, AxA>(x.sizes());
-  const std::int64_t* st[2] = {so.data(), sa.data()};
-  auto plan = make_plan<2>(static_cast<int>(AxR::rank), rsizes.data(), st);
-  const T* px = x.data();
-  T* po = r.data();
-  nd_for_each<2>(
-      label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
-        T* o = po + off[0];
-        const T* in = px + off[1];
-        if (s[0] == 1 && s[1] == 1) {
-          for (std::int64_t j = 0; j < n; ++j) o[j] = in[j];
-        } else {
-          for (std::int64_t j = 0; j < n; ++j) o[j * s[0]] = in[j * s[1]];
-        }
-      });
+  copy_strided<T>(label, static_cast<int>(AxR::rank), r.data(), so.data(), x.data(), sa.data(), rsizes.data());
   return r;
 }
 

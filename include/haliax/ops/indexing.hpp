@@ -285,7 +285,7 @@ auto take(const named_array<T, Axes>& x, Ax, const named_array<std::int32_t, AxI
   const T* px = x.data();
   const std::int32_t* pi = idx.data();
   T* po = r.data();
-  layout::run_plan<3>(
+  nd_for_each<3>(
       "haliax::take", plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t m) {
         for (std::int64_t j = 0; j < m; ++j) {
           std::int64_t t = pi[off[2] + j * s[2]];
@@ -356,8 +356,8 @@ requires SubAxesOf<AxU, Axes> && StartsOf<axis_starts<S...>, Axes> named_array<T
   const auto xs = row_major_strides(x.sizes());
   std::int64_t offset = 0;
   for (std::size_t d = 0; d < N; ++d) offset += std::clamp<std::int64_t>(start[d], 0, x.sizes()[d] - ext[d]) * xs[d];
-  layout::copy_strided<T>("haliax::updated_slice", static_cast<int>(N), r.data() + offset, xs.data(), update.data(),
-                          src.data(), ext.data());
+  copy_strided<T>("haliax::updated_slice", static_cast<int>(N), r.data() + offset, xs.data(), update.data(), src.data(),
+                  ext.data());
   return r;
 }
 
