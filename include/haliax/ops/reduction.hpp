@@ -343,6 +343,7 @@ requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, det
 auto std(const named_array<T, Axes>& x, const where_mask<AxM>& w, R... r) { return sqrt(var(x, w, r...)); }
 
 /// log(sum(exp(x))) over the listed axes (all when none), computed stably by shifting by the maximum.
+/// For a single axis, `haliax::nn::logsumexp` (nn/functions.hpp) is the fused, vectorised kernel.
 /// An all -inf slice gives -inf.
 template <FloatElement T, class Axes, class... R>
 requires ReducibleAxes<Axes, R...>
