@@ -229,6 +229,11 @@ inline bool operator==(const sharding::entry& a, const sharding::entry& b) {
 template <class T, class Axes>
 class named_array;
 
+namespace detail::ad {
+template <class T, class Axes>
+struct node;  // autodiff node (detail/ad.hpp)
+}
+
 namespace detail {
 template <class Axes>
 inline constexpr bool axes_unique_v = is_unique_v<to_list<Axes>>;
@@ -272,7 +277,7 @@ class named_array<T, axes<A...>> {
 
   /// Wraps an existing contiguous buffer. Throws if the buffer is smaller than the sizes need.
   named_array(view_type data, shape_type sizes, haliax::sharding shard = {})
-      : data_(std::move(data)), sizes_(sizes), sharding_(std::move(shard)) {
+      : data_(std::move(data)), sizes_(sizes), sharding_(std::move(shard)), valid_(true) {
     for (auto s : sizes_)
       if (s < 0) throw shape_error("haliax::named_array: negative axis size in " + shape_string());
     if (static_cast<std::int64_t>(data_.extent(0)) < element_count())
@@ -296,7 +301,7 @@ class named_array<T, axes<A...>> {
     return r;
   }
 
-  bool valid() const { return data_.data() != nullptr || element_count() == 0; }
+  bool valid() const { return valid_; }
 
   /// Number of elements (product of the sizes; 1 for a rank-0 array).
   std::int64_t element_count() const {
@@ -355,11 +360,18 @@ class named_array<T, axes<A...>> {
   /// The single element of a rank-0 array.
   T item() const requires(rank == 0) { return to_host()[0]; }
 
+  /// Autodiff bookkeeping (see haliax/autodiff.hpp): the node recording how this array was computed while a
+  /// gradient is being taken; null otherwise. Ops read and set it; user code has no need to.
+  const std::shared_ptr<detail::ad::node<T, axes<A...>>>& ad_node() const { return ad_node_; }
+  void set_ad_node(std::shared_ptr<detail::ad::node<T, axes<A...>>> n) { ad_node_ = std::move(n); }
+
  private:
   std::shared_ptr<detail::buffer_lease<T>> lease_;  // declared first: destroyed after data_
   view_type data_;
   shape_type sizes_{};
   haliax::sharding sharding_;
+  std::shared_ptr<detail::ad::node<T, axes<A...>>> ad_node_;
+  bool valid_ = false;
 
   void copy_to(T* host_ptr, std::size_t n) const {
     if (n == 0) return;

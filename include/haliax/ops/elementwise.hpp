@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "../core.hpp"
+#include "../detail/ad.hpp"
 #include "../detail/copy.hpp"
 #include "../detail/math.hpp"
 #include "../detail/nd_loop.hpp"
@@ -311,9 +312,7 @@ named_array<bool, Axes> operator!(const named_array<bool, Axes>& x) {
     return detail::map<detail::binary_result_t<detail::NAME##_fn, T>>(                                 \
         "haliax::" #NAME, a, detail::bind_scalar<detail::NAME##_fn, V, true>{{}, static_cast<V>(s)});  \
   }
-HALIAX_DEFINE_BINARY(add, NumericElement)
 HALIAX_DEFINE_BINARY(subtract, NumericElement)
-HALIAX_DEFINE_BINARY(multiply, NumericElement)
 HALIAX_DEFINE_BINARY(divide, NumericElement)
 HALIAX_DEFINE_BINARY(maximum, NumericElement)
 HALIAX_DEFINE_BINARY(minimum, NumericElement)
@@ -328,6 +327,89 @@ HALIAX_DEFINE_BINARY(less_equal, NumericElement)
 HALIAX_DEFINE_BINARY(greater, NumericElement)
 HALIAX_DEFINE_BINARY(greater_equal, NumericElement)
 #undef HALIAX_DEFINE_BINARY
+
+/// Elementwise sum with broadcasting by axis name: one operand's axes must contain the other's.
+/// Gradient: `g` to each operand, summed over the axes it was broadcast along.
+template <NumericElement T, class AxA, class AxB>
+requires BroadcastCompatible<AxA, AxB>
+auto add(const named_array<T, AxA>& a, const named_array<T, AxB>& b) {
+  auto r = detail::zip<T, broadcast_axes_t<AxA, AxB>>("haliax::add", a, b, detail::add_fn{});
+  if constexpr (FloatElement<T>) {
+    if (detail::ad::any_tracked(a, b))
+      detail::ad::record(
+          r,
+          [sa = a.sizes(), sb = b.sizes()](const auto& g, auto needs) {
+            named_array<T, AxA> ga;
+            named_array<T, AxB> gb;
+            if (needs[0]) ga = detail::ad::unbroadcast<AxA>(g, sa);
+            if (needs[1]) gb = detail::ad::unbroadcast<AxB>(g, sb);
+            return std::tuple{ga, gb};
+          },
+          a, b);
+  }
+  return r;
+}
+/// Elementwise sum of an array and a scalar.
+template <NumericElement T, class Axes, Scalar S>
+auto add(const named_array<T, Axes>& a, S s) {
+  using V = compute_t<T>;
+  auto r = detail::map<T>("haliax::add", a, detail::bind_scalar<detail::add_fn, V, false>{{}, static_cast<V>(s)});
+  if constexpr (FloatElement<T>) {
+    if (detail::ad::any_tracked(a))
+      detail::ad::record(r, [](const auto& g, auto) { return std::tuple{g}; }, a);
+  }
+  return r;
+}
+/// Elementwise sum of a scalar and an array.
+template <NumericElement T, class Axes, Scalar S>
+auto add(S s, const named_array<T, Axes>& a) {
+  return add(a, s);
+}
+
+/// Elementwise product with broadcasting by axis name. Gradient: `g * b` to `a` and `g * a` to `b`, each
+/// summed over the axes it was broadcast along.
+template <NumericElement T, class AxA, class AxB>
+requires BroadcastCompatible<AxA, AxB>
+auto multiply(const named_array<T, AxA>& a, const named_array<T, AxB>& b) {
+  using AxR = broadcast_axes_t<AxA, AxB>;
+  auto r = detail::zip<T, AxR>("haliax::multiply", a, b, detail::multiply_fn{});
+  if constexpr (FloatElement<T>) {
+    if (detail::ad::any_tracked(a, b))
+      detail::ad::record(
+          r,
+          [a, b](const named_array<T, AxR>& g, auto needs) {
+            named_array<T, AxA> ga;
+            named_array<T, AxB> gb;
+            if (needs[0]) ga = detail::ad::unbroadcast<AxA>(detail::zip<T, AxR>("haliax::multiply_grad", g, b, detail::multiply_fn{}), a.sizes());
+            if (needs[1]) gb = detail::ad::unbroadcast<AxB>(detail::zip<T, AxR>("haliax::multiply_grad", g, a, detail::multiply_fn{}), b.sizes());
+            return std::tuple{ga, gb};
+          },
+          a, b);
+  }
+  return r;
+}
+/// Elementwise product of an array and a scalar.
+template <NumericElement T, class Axes, Scalar S>
+auto multiply(const named_array<T, Axes>& a, S s) {
+  using V = compute_t<T>;
+  auto r = detail::map<T>("haliax::multiply", a, detail::bind_scalar<detail::multiply_fn, V, false>{{}, static_cast<V>(s)});
+  if constexpr (FloatElement<T>) {
+    if (detail::ad::any_tracked(a))
+      detail::ad::record(
+          r,
+          [v = static_cast<V>(s)](const auto& g, auto) {
+            return std::tuple{detail::map<T>("haliax::multiply_grad", g,
+                                             detail::bind_scalar<detail::multiply_fn, V, false>{{}, v})};
+          },
+          a);
+  }
+  return r;
+}
+/// Elementwise product of a scalar and an array.
+template <NumericElement T, class Axes, Scalar S>
+auto multiply(S s, const named_array<T, Axes>& a) {
+  return multiply(a, s);
+}
 
 /// Bool arrays only: elementwise and / or / xor with broadcasting by name.
 #define HALIAX_DEFINE_LOGICAL(NAME)                                                                    \

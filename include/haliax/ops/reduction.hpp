@@ -274,7 +274,40 @@ auto reduce(const char* label, const named_array<T, Axes>& x, const named_array<
     return detail::reduce<OUT, OP, T, Axes, AxM, R...>("haliax::" #NAME, x, &m.mask, OP{});           \
   }
 
-HALIAX_DEFINE_REDUCTION(sum, NumericElement, T, detail::sum_op<T>, Sum of the elements.)
+/// Sum of the elements. Drops the listed axes (all axes when none are listed). Gradient: `g` broadcast back.
+template <NumericElement T, class Axes, class... R>
+requires ReducibleAxes<Axes, R...>
+auto sum(const named_array<T, Axes>& x, R...) {
+  auto r = detail::reduce<T, detail::sum_op<T>, T, Axes, axes<>, R...>("haliax::sum", x, nullptr, detail::sum_op<T>{});
+  if constexpr (FloatElement<T>) {
+    if (detail::ad::any_tracked(x))
+      detail::ad::record(
+          r,
+          [sx = x.sizes()](const auto& g, auto) {
+            return std::tuple{detail::broadcast_copy<Axes>("haliax::sum_grad", g, sx)};
+          },
+          x);
+  }
+  return r;
+}
+/// Sum of the elements where the mask is true; the mask broadcasts against x by name.
+template <NumericElement T, class Axes, class AxM, class... R>
+requires ReducibleAxes<Axes, R...> && detail::subset_v<detail::to_list<AxM>, detail::to_list<Axes>>
+auto sum(const named_array<T, Axes>& x, const where_mask<AxM>& m, R...) {
+  auto r = detail::reduce<T, detail::sum_op<T>, T, Axes, AxM, R...>("haliax::sum", x, &m.mask, detail::sum_op<T>{});
+  if constexpr (FloatElement<T>) {
+    if (detail::ad::any_tracked(x))
+      detail::ad::record(
+          r,
+          [sx = x.sizes(), mask = m.mask](const auto& g, auto) {
+            auto gx = detail::broadcast_copy<Axes>("haliax::sum_grad", g, sx);
+            return std::tuple{detail::zip<T, Axes>("haliax::sum_grad", gx, mask,
+                                                   [](auto v, auto keep) { return keep ? v : decltype(v)(0); })};
+          },
+          x);
+  }
+  return r;
+}
 HALIAX_DEFINE_REDUCTION(prod, NumericElement, T, detail::prod_op<T>, Product of the elements.)
 HALIAX_DEFINE_REDUCTION(mean, FloatElement, T, detail::mean_op<T>, Arithmetic mean; NaN for an empty set.)
 HALIAX_DEFINE_REDUCTION(max, NumericElement, T, detail::max_op<T>, Maximum; NaN propagates.)
