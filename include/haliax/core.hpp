@@ -111,6 +111,25 @@ struct buffer_cache {
         reg.cached_bytes -= n * sizeof(T);
         return v;
       }
+      // A miss: before growing the process, give back idle buffers of other sizes worth at least this one, so
+      // the cache holds memory for sizes that recur instead of pinning the high-water mark of every phase
+      // (initialisation temporaries, a recomputed layer) for the rest of the run.
+      // Small requests are left alone (they come from the malloc heap and barely move the resident size). The
+      // smallest idle buffer at least as large goes first, else the largest ones until enough is returned.
+      const std::size_t want = n * sizeof(T);
+      std::size_t freed = 0;
+      while (want >= (std::size_t{1} << 20) && freed < want && !c.idle.empty()) {
+        auto victim = c.idle.end();
+        auto largest = c.idle.begin();
+        for (auto e = c.idle.begin(); e != c.idle.end(); ++e) {
+          if (e->first > largest->first) largest = e;
+          if (e->first >= n && (victim == c.idle.end() || e->first < victim->first)) victim = e;
+        }
+        if (victim == c.idle.end()) victim = largest;
+        freed += victim->first * sizeof(T);
+        reg.cached_bytes -= victim->first * sizeof(T);
+        c.idle.erase(victim);
+      }
     }
     return view_type(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
   }

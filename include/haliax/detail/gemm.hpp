@@ -6,6 +6,8 @@
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <type_traits>
 
@@ -73,6 +75,20 @@ void host_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int6
   }
 }
 
+/// Time spent in GEMM, for benchmarks that report how much of a step is matrix multiplication. Off unless
+/// `enabled` is set (then each call pays two clock reads).
+struct gemm_profile {
+  static inline std::atomic<bool> enabled{false};
+  static inline std::atomic<std::int64_t> nanoseconds{0};
+  static inline std::atomic<std::int64_t> flops{0};
+  static inline std::atomic<std::int64_t> calls{0};
+  static void reset() {
+    nanoseconds = 0;
+    flops = 0;
+    calls = 0;
+  }
+};
+
 /// C = op(A) * op(B) with beta = 0 for `batch` problems stored one after another. A is m x k (k x m when
 /// trans_a), B is k x n (n x k when trans_b), all row-major and densely packed.
 template <class T>
@@ -87,6 +103,15 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
   }
   constexpr bool host = std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
   if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>)&&host) {
+    if (gemm_profile::enabled.load(std::memory_order_relaxed)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      host_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+      const auto t1 = std::chrono::steady_clock::now();
+      gemm_profile::nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      gemm_profile::flops += 2 * batch * m * n * k;
+      gemm_profile::calls += 1;
+      return;
+    }
     host_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
   } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     // Device memory: one Kokkos Kernels GEMM (cuBLAS with a CUDA Kokkos) per problem.

@@ -1,0 +1,49 @@
+// haliax/nn/embedding.hpp: token embeddings, usable as a tied output head.
+//
+//   auto wte = haliax::nn::Embedding<Vocab, Embed>::init(key, 50257 * Vocab, 768 * Embed);
+//   auto h = wte.embed(ids);          // int32 {batch, pos} -> {batch, pos, embed}
+//   auto logits = wte.unembed(h);     // {batch, pos, embed} -> {batch, pos, vocab}
+#pragma once
+
+#include <boost/hana/define_struct.hpp>
+#include <cstdint>
+
+#include "../core.hpp"
+#include "../ops/dot.hpp"
+#include "../ops/elementwise.hpp"
+#include "../ops/indexing.hpp"
+#include "../random.hpp"
+
+namespace haliax::nn {
+
+template <auto VocabAx, auto EmbedAx, class Pre = axes<>, class T = float>
+struct Embedding;
+
+/// A table {Pre..., Vocab, Embed} (upstream `haliax.nn.Embedding`). `embed` gathers rows by token id (its
+/// gradient scatters back into the table); `unembed` contracts Embed for tied output logits.
+template <auto VocabAx, auto EmbedAx, auto... P, class T>
+struct Embedding<VocabAx, EmbedAx, axes<P...>, T> {
+  using weight_type = named_array<T, axes<P..., VocabAx, EmbedAx>>;
+  BOOST_HANA_DEFINE_STRUCT(Embedding, (weight_type, weight));
+
+  /// Upstream initialisation: normal(0, 1) * init_scale (GPT-2 passes its initializer_range, 0.02).
+  static Embedding init(random::key k, sized_axis<std::remove_cvref_t<decltype(VocabAx)>> vocab,
+                        sized_axis<std::remove_cvref_t<decltype(EmbedAx)>> embed,
+                        double init_scale = 0.02) requires(sizeof...(P) == 0 && std::is_same_v<T, float>) {
+    Embedding m;
+    m.weight = multiply(random::normal(k, vocab, embed), static_cast<float>(init_scale));
+    return m;
+  }
+
+  /// Rows of the table for int32 ids of any axes: {ids..., Embed}.
+  template <class AxI>
+  requires(sizeof...(P) == 0) auto embed(const named_array<std::int32_t, AxI>& ids) const {
+    return take(weight, VocabAx, ids);
+  }
+
+  /// Logits against every row: contracts Embed, giving x's other axes then Vocab.
+  template <class X>
+  requires(sizeof...(P) == 0) auto unembed(const X& x) const { return dot(x, weight, EmbedAx); }
+};
+
+}  // namespace haliax::nn

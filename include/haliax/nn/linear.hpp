@@ -1,0 +1,59 @@
+// haliax/nn/linear.hpp: the affine layer, with input and output each one or several named axes.
+//
+//   using c_fc_t = haliax::nn::Linear<axes<Embed>, axes<Mlp>>;
+//   auto c_fc = c_fc_t::init(key, 768 * Embed, 3072 * Mlp);      // weight {embed, mlp}, bias {mlp}
+//   auto h = c_fc(x);                                          // {batch, pos, embed} -> {batch, pos, mlp}
+//
+// `Pre` are leading axes the parameters carry when a module is stacked (`Stacked<Layers, Block>` stores every
+// layer's Linear with a leading Layers axis); a module is applied only without them (a layer's view).
+#pragma once
+
+#include <boost/hana/define_struct.hpp>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+
+#include "../core.hpp"
+#include "../ops/dot.hpp"
+#include "../ops/elementwise.hpp"
+#include "../random.hpp"
+
+namespace haliax::nn {
+
+template <class In, class Out, class Pre = axes<>, class T = float>
+struct Linear;
+
+/// y = x . W + b, contracting the `In` axes of `x` with W's and producing the `Out` axes (upstream
+/// `haliax.nn.Linear`, weight laid out {In..., Out...} as GPT-2's Conv1D). Every other axis of `x` is kept.
+/// Parameters: `weight` {Pre..., In..., Out...}, optional `bias` {Pre..., Out...}.
+template <auto... I, auto... O, auto... P, class T>
+struct Linear<axes<I...>, axes<O...>, axes<P...>, T> {
+  using weight_type = named_array<T, axes<P..., I..., O...>>;
+  using bias_type = named_array<T, axes<P..., O...>>;
+
+  BOOST_HANA_DEFINE_STRUCT(Linear, (weight_type, weight), (std::optional<bias_type>, bias));
+
+  /// Upstream initialisation: weight ~ truncated_normal(-3, 3) * init_scale / sqrt(fan_in) with fan_in the
+  /// product of the In sizes; bias zero. Sizes are given In first, then Out:
+  /// `Linear<axes<Embed>, axes<Heads, HeadSize>>::init(k, 768 * Embed, 12 * Heads, 64 * HeadSize)`.
+  static Linear init(random::key k, sized_axis<std::remove_cvref_t<decltype(I)>>... in,
+                     sized_axis<std::remove_cvref_t<decltype(O)>>... out, bool use_bias = true,
+                     double init_scale = 1.0) requires(sizeof...(P) == 0 && std::is_same_v<T, float>) {
+    const double fan_in = static_cast<double>((in.size * ... * std::int64_t{1}));
+    Linear m;
+    auto w = random::truncated_normal(k, in..., out..., -3.0f, 3.0f);
+    m.weight = multiply(w, static_cast<float>(init_scale / std::sqrt(fan_in)));
+    if (use_bias) m.bias = zeros<float>(out...);
+    return m;
+  }
+
+  /// Applies the layer to `x`, which must have every `In` axis and no `Out` axis.
+  template <class X>
+  requires(sizeof...(P) == 0) auto operator()(const X& x) const {
+    auto y = dot(x, weight, I...);
+    if (bias) return add(y, *bias);
+    return y;
+  }
+};
+
+}  // namespace haliax::nn

@@ -1,0 +1,78 @@
+// haliax/nn/mlp.hpp: the transformer feed-forward block, up-projection, activation, down-projection.
+//
+//   using mlp_t = haliax::nn::Mlp<Embed, Mlp>;
+//   auto mlp = mlp_t::init(key, 768 * Embed, 3072 * Mlp, haliax::nn::activation::gelu_new);
+//   auto y = mlp(x);     // {batch, pos, embed} -> {batch, pos, embed}
+#pragma once
+
+#include <boost/hana/define_struct.hpp>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "../core.hpp"
+#include "../random.hpp"
+#include "functions.hpp"
+#include "linear.hpp"
+
+namespace haliax::nn {
+
+/// Activation functions by their upstream config names (`activation_function: gelu_new`).
+enum class activation { relu, gelu, gelu_new, quick_gelu, silu };
+
+/// Parses an upstream activation name; throws naming the valid ones.
+inline activation activation_from_name(std::string_view name) {
+  if (name == "relu") return activation::relu;
+  if (name == "gelu") return activation::gelu;
+  if (name == "gelu_new") return activation::gelu_new;
+  if (name == "quick_gelu") return activation::quick_gelu;
+  if (name == "silu" || name == "swish") return activation::silu;
+  throw std::invalid_argument("haliax::nn: unknown activation '" + std::string(name) +
+                              "' (valid: relu, gelu, gelu_new, quick_gelu, silu)");
+}
+
+/// Applies `a` elementwise.
+template <class X>
+X apply_activation(activation a, const X& x) {
+  switch (a) {
+    case activation::relu:
+      return relu(x);
+    case activation::gelu:
+      return gelu(x, false);
+    case activation::gelu_new:
+      return gelu_new(x);
+    case activation::quick_gelu:
+      return quick_gelu(x);
+    case activation::silu:
+      return silu(x);
+  }
+  return x;
+}
+
+template <auto EmbedAx, auto HiddenAx, class Pre = axes<>, class T = float>
+struct Mlp;
+
+/// c_proj(act(c_fc(x))): `c_fc` maps Embed to Hidden, `c_proj` Hidden back to Embed (the GPT-2 MLP; upstream
+/// `haliax.nn.MLP` with one hidden layer). Parameters carry the stacking axes `Pre...`.
+template <auto EmbedAx, auto HiddenAx, auto... P, class T>
+struct Mlp<EmbedAx, HiddenAx, axes<P...>, T> {
+  using up_type = Linear<axes<EmbedAx>, axes<HiddenAx>, axes<P...>, T>;
+  using down_type = Linear<axes<HiddenAx>, axes<EmbedAx>, axes<P...>, T>;
+  BOOST_HANA_DEFINE_STRUCT(Mlp, (up_type, c_fc), (down_type, c_proj), (activation, act));
+
+  static Mlp init(random::key k, sized_axis<std::remove_cvref_t<decltype(EmbedAx)>> embed,
+                  sized_axis<std::remove_cvref_t<decltype(HiddenAx)>> hidden, activation act = activation::gelu_new,
+                  bool use_bias = true, double init_scale = 1.0) requires(sizeof...(P) == 0) {
+    auto [k1, k2] = random::split(k);
+    Mlp m;
+    m.c_fc = up_type::init(k1, embed, hidden, use_bias, init_scale);
+    m.c_proj = down_type::init(k2, hidden, embed, use_bias, init_scale);
+    m.act = act;
+    return m;
+  }
+
+  template <class X>
+  requires(sizeof...(P) == 0) auto operator()(const X& x) const { return c_proj(apply_activation(act, c_fc(x))); }
+};
+
+}  // namespace haliax::nn

@@ -1,0 +1,77 @@
+// haliax/nn/normalization.hpp: LayerNorm and RmsNorm over one named axis.
+//
+//   auto ln = haliax::nn::LayerNorm<Embed>::init(768 * Embed);   // weight and bias {embed}
+//   auto y = ln(x);                                             // normalises each embed vector of x
+#pragma once
+
+#include <boost/hana/define_struct.hpp>
+#include <optional>
+
+#include "../core.hpp"
+#include "../ops/elementwise.hpp"
+#include "../ops/reduction.hpp"
+#include "functions.hpp"
+
+namespace haliax::nn {
+
+template <auto Ax, class Pre = axes<>, class T = float>
+struct LayerNorm;
+
+/// (x - mean) / sqrt(var + eps) over `Ax`, then * weight + bias (upstream `haliax.nn.LayerNorm`; weight and
+/// bias {Pre..., Ax}, each optional). Every other axis of the input is kept.
+template <auto Ax, auto... P, class T>
+struct LayerNorm<Ax, axes<P...>, T> {
+  using param_type = named_array<T, axes<P..., Ax>>;
+  BOOST_HANA_DEFINE_STRUCT(LayerNorm, (std::optional<param_type>, weight), (std::optional<param_type>, bias),
+                           (double, eps));
+
+  /// weight = 1, bias = 0; eps 1e-5 as upstream.
+  static LayerNorm init(sized_axis<std::remove_cvref_t<decltype(Ax)>> axis, double eps = 1e-5, bool use_weight = true,
+                        bool use_bias = true) requires(sizeof...(P) == 0) {
+    LayerNorm m;
+    if (use_weight) m.weight = ones<T>(axis);
+    if (use_bias) m.bias = zeros<T>(axis);
+    m.eps = eps;
+    return m;
+  }
+
+  template <class X>
+  requires(sizeof...(P) == 0) X operator()(const X& x) const {
+    X y = standardize(x, Ax, eps);
+    if (weight) y = multiply(y, *weight);
+    if (bias) y = add(y, *bias);
+    return y;
+  }
+};
+
+template <auto Ax, class Pre = axes<>, class T = float>
+struct RmsNorm;
+
+/// x / sqrt(mean(x^2) + eps) over `Ax`, then * weight (+ bias if present) (upstream `haliax.nn.RmsNorm`:
+/// weight on, bias off by default).
+template <auto Ax, auto... P, class T>
+struct RmsNorm<Ax, axes<P...>, T> {
+  using param_type = named_array<T, axes<P..., Ax>>;
+  BOOST_HANA_DEFINE_STRUCT(RmsNorm, (std::optional<param_type>, weight), (std::optional<param_type>, bias),
+                           (double, eps));
+
+  static RmsNorm init(sized_axis<std::remove_cvref_t<decltype(Ax)>> axis, double eps = 1e-6, bool use_weight = true,
+                      bool use_bias = false) requires(sizeof...(P) == 0) {
+    RmsNorm m;
+    if (use_weight) m.weight = ones<T>(axis);
+    if (use_bias) m.bias = zeros<T>(axis);
+    m.eps = eps;
+    return m;
+  }
+
+  template <class X>
+  requires(sizeof...(P) == 0) X operator()(const X& x) const {
+    auto ms = mean(square(x), Ax);
+    X y = multiply(x, rsqrt(add(ms, eps)));
+    if (weight) y = multiply(y, *weight);
+    if (bias) y = add(y, *bias);
+    return y;
+  }
+};
+
+}  // namespace haliax::nn

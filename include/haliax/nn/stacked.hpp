@@ -1,0 +1,225 @@
+// haliax/nn/stacked.hpp: a stack of identical layers whose parameters share a leading `Layers` axis.
+//
+//   template <class Pre = haliax::axes<>>
+//   struct block {                                  // one layer; Pre = axes<Layers> when stacked
+//     BOOST_HANA_DEFINE_STRUCT(block, (haliax::nn::LayerNorm<Embed, Pre>, ln), (haliax::nn::Mlp<Embed, Mlp, Pre>, mlp));
+//     template <class X> X operator()(const X& x) const requires std::is_same_v<Pre, haliax::axes<>> { ... }
+//   };
+//   using stack_t = haliax::nn::Stacked<Layers, block>;
+//   auto h = stack_t::init(12 * Layers, key, [&](haliax::random::key k) { return block<>::init(k, ...); });
+//   auto y = h.fold(x, [](const block<>& layer, const auto& x, std::int64_t) { return layer(x); },
+//                   haliax::nn::checkpoint_policy::per_layer);
+//
+// This is how upstream stores a transformer's layers (`haliax.nn.Stacked`): every parameter is one array
+// {layers, ...}, so the optimizer, checkpoints and sharding see 1 array per parameter kind, not one per layer.
+// `fold` runs the layers in order as a loop over views of the stacked buffers (no copies).
+#pragma once
+
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/at.hpp>
+#include <boost/hana/define_struct.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/length.hpp>
+#include <boost/hana/range.hpp>
+#include <boost/hana/second.hpp>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../autodiff.hpp"
+#include "../core.hpp"
+#include "../detail/ad.hpp"
+#include "../ops/layout.hpp"
+#include "../random.hpp"
+
+namespace haliax::nn {
+
+/// What a stacked fold keeps for the backward pass (upstream `gradient_checkpointing`).
+enum class checkpoint_policy {
+  none,       ///< keep every layer's internals (fastest, most memory)
+  per_layer,  ///< keep only each layer's input (the carry) and recompute the layer in backward
+              ///< (upstream `gradient_checkpointing: true`)
+  nested,     ///< keep only every ceil(sqrt(L))-th carry; recompute groups of layers in backward
+};
+
+namespace detail::stacked {
+
+template <class T>
+inline constexpr bool is_optional_v = false;
+template <class T>
+inline constexpr bool is_optional_v<std::optional<T>> = true;
+
+/// Visits a stacked module `s` (type Block<axes<Layers>>) together with the per-layer modules `ls`
+/// (type Block<axes<>>), field by field. Array leaves go to `f(s_leaf, ls_leaves)`; other fields are copied
+/// from the stack to the layers (`to_layers`) or from layer 0 to the stack.
+template <class S, class L, class F>
+void visit(S& s, const std::vector<L*>& ls, bool to_layers, F& f) {
+  if constexpr (is_named_array_v<S>) {
+    f(s, ls);
+  } else if constexpr (is_optional_v<S>) {
+    using LV = typename L::value_type;
+    std::vector<LV*> sub;
+    if (to_layers) {
+      if (!s) return;
+      for (auto* l : ls) sub.push_back(&l->emplace());
+    } else {
+      if (!ls.front()->has_value()) return;
+      s.emplace();
+      for (auto* l : ls) sub.push_back(&l->value());
+    }
+    visit(*s, sub, to_layers, f);
+  } else if constexpr (boost::hana::Struct<S>::value) {
+    constexpr auto n = decltype(boost::hana::length(boost::hana::accessors<S>()))::value;
+    static_assert(n == decltype(boost::hana::length(boost::hana::accessors<L>()))::value,
+                  "haliax::nn::Stacked: Block<axes<Layers>> and Block<axes<>> must have the same fields");
+    boost::hana::for_each(boost::hana::make_range(boost::hana::size_c<0>, boost::hana::size_c<n>), [&](auto i) {
+      auto get_s = boost::hana::second(boost::hana::at(boost::hana::accessors<S>(), i));
+      auto get_l = boost::hana::second(boost::hana::at(boost::hana::accessors<L>(), i));
+      using LF = std::remove_reference_t<decltype(get_l(*ls.front()))>;
+      std::vector<LF*> sub;
+      for (auto* l : ls) sub.push_back(&get_l(*l));
+      visit(get_s(s), sub, to_layers, f);
+    });
+  } else {
+    static_assert(std::is_same_v<S, L>, "haliax::nn::Stacked: a non-array field changes type between stacked and "
+                                        "per-layer modules");
+    if (to_layers) {
+      for (auto* l : ls) *l = s;
+    } else {
+      s = *ls.front();
+    }
+  }
+}
+
+}  // namespace detail::stacked
+
+/// `Block<axes<>>` is one layer and `Block<axes<LayersAx>>` the same module with every parameter stacked on a
+/// leading Layers axis. Reflected names: `stacked.<block fields>` (as upstream).
+template <auto LayersAx, template <class> class Block>
+struct Stacked {
+  using layer_type = Block<axes<>>;
+  using stacked_type = Block<axes<LayersAx>>;
+  BOOST_HANA_DEFINE_STRUCT(Stacked, (stacked_type, stacked));
+
+  /// Builds `n` layers with `make(key_i)` (keys from `split(k, n)`, as upstream's vmapped init) and stacks them.
+  template <class Make>
+  static Stacked init(sized_axis<std::remove_cvref_t<decltype(LayersAx)>> n, random::key k, Make make) {
+    if (n.size < 1) throw shape_error("haliax::nn::Stacked::init: needs at least one layer (got " +
+                                      std::to_string(n.size) + ")");
+    auto keys = random::split(k, static_cast<std::size_t>(n.size));
+    std::vector<layer_type> layers;
+    layers.reserve(keys.size());
+    for (auto& ki : keys) layers.push_back(make(ki));
+    return from_layers(layers);
+  }
+
+  /// Stacks per-layer modules (all of the same shapes) into one.
+  static Stacked from_layers(std::vector<layer_type> layers) {
+    if (layers.empty()) throw shape_error("haliax::nn::Stacked::from_layers: no layers given");
+    Stacked out;
+    std::vector<layer_type*> ptrs;
+    for (auto& l : layers) ptrs.push_back(&l);
+    auto f = [&](auto& s_leaf, const auto& l_leaves) {
+      using LL = std::remove_cvref_t<decltype(*l_leaves.front())>;
+      std::vector<LL> arrays;
+      for (auto* p : l_leaves) arrays.push_back(*p);
+      s_leaf = stack(LayersAx, arrays);
+    };
+    detail::stacked::visit(out.stacked, ptrs, false, f);
+    return out;
+  }
+
+  /// Number of layers (the size of the leading axis of every parameter).
+  std::int64_t num_layers() const {
+    std::int64_t n = -1;
+    tree::for_each_leaf(stacked, [&](const std::string&, const auto& leaf) {
+      if (n < 0) n = leaf.sizes()[0];
+    });
+    return n;
+  }
+
+  /// Every layer as a module of views into the stacked buffers (no copies). While a gradient is taken, each
+  /// view's gradient flows into its slice of the stacked parameter's gradient.
+  std::vector<layer_type> unstack() const {
+    const std::int64_t n = num_layers();
+    std::vector<layer_type> layers(static_cast<std::size_t>(n < 0 ? 0 : n));
+    if (layers.empty()) return layers;
+    std::vector<layer_type*> ptrs;
+    for (auto& l : layers) ptrs.push_back(&l);
+    auto f = [&](const auto& s_leaf, const auto& l_leaves) {
+      using SL = std::remove_cvref_t<decltype(s_leaf)>;
+      using LL = std::remove_cvref_t<decltype(*l_leaves.front())>;
+      using T = typename SL::value_type;
+      if (s_leaf.sizes()[0] != n)
+        throw shape_error("haliax::nn::Stacked: a parameter has " + std::to_string(s_leaf.sizes()[0]) +
+                          " layers where the first has " + std::to_string(n) + ": " + s_leaf.shape_string());
+      typename LL::shape_type ls{};
+      for (std::size_t d = 0; d < LL::rank; ++d) ls[d] = s_leaf.sizes()[d + 1];
+      const std::int64_t per = s_leaf.element_count() / n;
+      std::shared_ptr<haliax::detail::ad::gather_node<T, typename SL::axes_type>> gather;
+      if (haliax::detail::ad::tracked(s_leaf)) gather = haliax::detail::ad::make_gather(s_leaf);
+      for (std::int64_t i = 0; i < n; ++i) {
+        auto v = Kokkos::subview(s_leaf.view(), std::pair<std::size_t, std::size_t>(static_cast<std::size_t>(i * per),
+                                                                                     static_cast<std::size_t>((i + 1) * per)));
+        LL view(v, ls);
+        if (gather) {
+          haliax::detail::ad::record_custom(view, [gather, i, per](const LL& g) {
+            const auto& acc = gather->ensure_grad();
+            T* dst = acc.data() + i * per;
+            const T* src = g.data();
+            Kokkos::parallel_for(
+                "haliax::nn::Stacked(grad)", Kokkos::RangePolicy<execution_space>(0, per),
+                KOKKOS_LAMBDA(std::int64_t j) {
+                  if constexpr (std::is_same_v<T, bf16>) {
+                    dst[j] = bf16(static_cast<float>(dst[j]) + static_cast<float>(src[j]));
+                  } else {
+                    dst[j] = dst[j] + src[j];
+                  }
+                });
+          });
+        }
+        *l_leaves[static_cast<std::size_t>(i)] = view;
+      }
+    };
+    Block<axes<LayersAx>> s = stacked;  // visit needs a mutable stacked module; leaves are shared handles
+    detail::stacked::visit(s, ptrs, true, f);
+    return layers;
+  }
+
+  /// Runs the layers in order: `x = f(layer_i, x, i)` for i = 0..L-1, and returns the last x. `f` returns an
+  /// array of x's type. `policy` chooses what backward keeps (values and gradients do not change).
+  template <class Carry, class F>
+  Carry fold(Carry x, F f, checkpoint_policy policy = checkpoint_policy::none) const {
+    auto layers = unstack();
+    const auto n = static_cast<std::int64_t>(layers.size());
+    if (policy == checkpoint_policy::none || !is_recording()) {
+      for (std::int64_t i = 0; i < n; ++i) x = f(std::as_const(layers[static_cast<std::size_t>(i)]), x, i);
+      return x;
+    }
+    if (policy == checkpoint_policy::per_layer) {
+      auto step = checkpoint([f](const layer_type& layer, const Carry& c, std::int64_t i) -> Carry {
+        return f(layer, c, i);
+      });
+      for (std::int64_t i = 0; i < n; ++i) x = step(layers[static_cast<std::size_t>(i)], x, i);
+      return x;
+    }
+    const auto group = static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(n))));
+    auto run_group = checkpoint([f](const std::vector<layer_type>& g, const Carry& c, std::int64_t first) -> Carry {
+      Carry y = c;
+      for (std::size_t j = 0; j < g.size(); ++j) y = f(g[j], y, first + static_cast<std::int64_t>(j));
+      return y;
+    });
+    for (std::int64_t first = 0; first < n; first += group) {
+      const std::int64_t last = std::min(n, first + group);
+      std::vector<layer_type> g(layers.begin() + first, layers.begin() + last);
+      x = run_group(g, x, first);
+    }
+    return x;
+  }
+};
+
+}  // namespace haliax::nn
