@@ -4,7 +4,7 @@
 // the plain one.
 //
 //   peak_memory                                   # GPT-2-small-shaped stack: 12 layers, 768 wide, 8 x 512 tokens
-//   peak_memory --layers 12 --embed 256 --heads 4 --batch 4 --pos 256 --max-ratio 0.35   # the CI-sized check
+//   peak_memory --layers 12 --embed 256 --heads 4 --batch 8 --pos 256 --max-ratio 0.35   # the CI-sized check
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -30,7 +30,7 @@ TEST_CASE("grad of sum(x * w) is w, and value_and_grad returns the value") {
   CHECK(value.ad_node() == nullptr);
 }
 
-TEST_CASE("gradients of a module come back as the same module type; int leaves pass through") {
+TEST_CASE("gradients of a module come back as the same module type, and int leaves pass through") {
   affine m{random_array<double>(3, 5 * Embed), hax::scalar(0.5), hax::arange(5 * Embed)};
   auto x = random_array<double>(4, 2 * Batch, 5 * Embed);
   auto f = [&](const affine& p) { return hax::sum(x * p.w + p.b); };

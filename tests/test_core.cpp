@@ -44,7 +44,7 @@ TEST_CASE("arange and from_host round trip") {
   CHECK_THROWS_AS(hax::from_host(data, 4 * X), hax::shape_error);
 }
 
-TEST_CASE("handles share buffers; copy makes a new one") {
+TEST_CASE("handles share buffers, and copy makes a new one") {
   auto x = hax::zeros<float>(3 * X);
   auto y = x;
   auto z = hax::copy(x);

@@ -64,7 +64,7 @@ TEST_CASE("scalar forms and unary ops") {
   check_close(hax::tanh(a).to_host(), w4);
 }
 
-TEST_CASE("comparisons give bool arrays; where selects") {
+TEST_CASE("comparisons give bool arrays, and where selects") {
   auto a = hax::from_host<float>({-1.0f, 2.0f, 0.5f, -3.0f}, 4 * X);
   auto m = a > 0.0f;
   static_assert(std::is_same_v<decltype(m), hax::named_array<bool, hax::axes<X>>>);

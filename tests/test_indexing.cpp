@@ -92,7 +92,7 @@ TEST_CASE("index drops the axis, on every axis of a rank-3 array") {
   }
 }
 
-TEST_CASE("index: negative indices count from the end; out of range throws naming the axis") {
+TEST_CASE("index: negative indices count from the end, and out of range throws naming the axis") {
   auto x = random_array(2, 3 * X, 4 * Y);
   auto hx = host(x);
   check_against(hax::index(x, Y, -1), [&](const index_map& m) { return hx.at(with(m, "y", 3)); });
@@ -104,7 +104,7 @@ TEST_CASE("index: negative indices count from the end; out of range throws namin
                        hax::shape_error);
 }
 
-TEST_CASE("index on the leading axis shares the buffer; down to rank 0") {
+TEST_CASE("index on the leading axis shares the buffer, and down to rank 0") {
   auto x = random_array(3, 3 * Layer, 4 * Embed);
   auto l = hax::index(x, Layer, 2);
   CHECK(l.data() == x.data() + 8);
@@ -117,7 +117,7 @@ TEST_CASE("index on the leading axis shares the buffer; down to rank 0") {
   CHECK(hax::index(y, Z, 1).data() != y.data() + 1);
 }
 
-TEST_CASE("index with a dslice keeps the axis; outside positions read zero") {
+TEST_CASE("index with a dslice keeps the axis, and outside positions read zero") {
   auto x = random_array(5, 3 * X, 10 * Pos, 2 * Z);
   auto hx = host(x);
   auto in = hax::index(x, Pos, hax::dslice{4, 3});

@@ -80,7 +80,7 @@ TEST_CASE("Linear: finite-difference gradient over weight and bias, several in a
   gradcheck::check_output_gradient([&](const auto& xx) { return lin(xx); }, x);
 }
 
-TEST_CASE("Embedding: embed gathers rows, unembed contracts embed; gradients scatter-add") {
+TEST_CASE("Embedding: embed gathers rows, unembed contracts embed, and gradients scatter-add") {
   nn::Embedding<Vocab, Embed, axes<>, double> emb;
   emb.weight = rnd<double>(4, 7 * Vocab, 3 * Embed);
   auto ids = hax::from_host<std::int32_t>({1, 3, 1, 6, 0}, 5 * Pos);

@@ -371,7 +371,7 @@ TEST_CASE("standardize along the last and the first axis") {
 // ---------------------------------------------------------------------------------------------------------
 // one_hot
 
-TEST_CASE("one_hot appends the class axis; out-of-range labels give all zeros") {
+TEST_CASE("one_hot appends the class axis, and out-of-range labels give all zeros") {
   auto labels = hax::from_host<std::int32_t>({3, 0, 9, -1, 10, 5}, 2 * Batch, 3 * Pos);
   auto y = nn::one_hot(labels, 10 * Label);
   static_assert(std::is_same_v<decltype(y), hax::named_array<float, hax::axes<Batch, Pos, Label>>>);

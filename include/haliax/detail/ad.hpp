@@ -41,7 +41,11 @@ namespace haliax::detail::ad {
 /// Base of every node: the tape it belongs to and the type-erased backward step.
 struct node_base {
   std::uint64_t tape_id = 0;
-  virtual ~node_base() = default;
+  static inline std::atomic<std::int64_t> live{0};  // nodes alive (tests check that backward frees them all)
+  node_base() { ++live; }
+  node_base(const node_base&) = delete;
+  node_base& operator=(const node_base&) = delete;
+  virtual ~node_base() { --live; }
   /// Propagates the accumulated gradient to the inputs, then releases the closure and the gradient.
   virtual void run_backward() = 0;
 };
@@ -104,6 +108,9 @@ struct node final : node_base {
   named_array<T, Axes> grad;
   bool grad_owned = false;  // grad's buffer was allocated here (safe to add into in place)
   std::function<void(const named_array<T, Axes>&)> backward;  // empty for leaves
+  // When set, gradient contributions go straight to it instead of being stored (views into a larger gradient,
+  // e.g. a layer of a stacked parameter, so no per-view gradient is held until the end of backward).
+  std::function<void(const named_array<T, Axes>&)> sink;
 
   void run_backward() override {
     if (!backward) return;  // a leaf keeps its gradient for the caller
@@ -163,6 +170,10 @@ template <class T, class Axes>
 void accumulate(node<T, Axes>& n, named_array<T, Axes> g) {
   if (!g.valid()) return;
   g.set_ad_node(nullptr);
+  if (n.sink) {
+    n.sink(g);
+    return;
+  }
   if (g.sizes() != n.grad.sizes() && n.grad.valid())
     throw shape_error("haliax autodiff: gradient of shape " + g.shape_string() + " for an array of shape " +
                       n.grad.shape_string());
@@ -256,6 +267,18 @@ std::shared_ptr<gather_node<T, AxIn>> make_gather(const named_array<T, AxIn>& x)
   n->sizes = x.sizes();
   s.current->nodes.push_back(n);
   return n;
+}
+
+/// Tracks `x` with a node whose gradient contributions are handed to `fn(g)` as they arrive (see `node::sink`).
+/// Call only while recording.
+template <class T, class Axes, class Fn>
+void make_sink(named_array<T, Axes>& x, Fn fn) {
+  auto& s = thread_state();
+  auto n = std::make_shared<node<T, Axes>>();
+  n->tape_id = s.current->id;
+  n->sink = std::move(fn);
+  x.set_ad_node(n);
+  s.current->nodes.push_back(std::move(n));
 }
 
 /// Gives `x` a fresh leaf node on the active tape (its gradient is collected after backward).

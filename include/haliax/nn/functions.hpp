@@ -15,13 +15,20 @@
 // that reads row r+1, computes row r and writes row r-1 in one loop. GPU builds use the portable kernels.
 // Measured on the 2-core Xeon (Sapphire Rapids) dev VM, softmax over 4096 x 50257 float logits moves its
 // bytes at about 55-65% of the bandwidth of a plain copy of the same array.
+//
+// Every float-valued function here records its gradient rule while a gradient is taken (haliax/autodiff.hpp).
+// The softmax family's backwards are fused row kernels built like the forwards (lane groups, ISA dispatch,
+// streaming stores for large float outputs); the activations' are one elementwise kernel g * f'(x), with
+// JAX's sub-gradients at the kinks (relu'(0) = 0, ...). one_hot has no gradient (its input is integer).
 #pragma once
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -147,6 +154,21 @@ HALIAX_NN_INLINE V fast_exp(V x) {
     return exp_f32(x);
   } else {
     return haliax::detail::math::exp(x);
+  }
+}
+
+/// tanh in the compute type: for float (1 - e) / (1 + e) with e = exp(-2|u|) from the vectorisable exp,
+/// sign restored (absolute error about 1e-7, which is what GELU needs; it vectorises where libm's tanhf does
+/// not); the library tanh for double.
+template <class V>
+HALIAX_NN_INLINE V fast_tanh(V u) {
+  if constexpr (std::is_same_v<V, float>) {
+    const float a = u < 0.0f ? -u : u;
+    const float e = exp_nonpos_f32(-2.0f * a);
+    const float t = (1.0f - e) / (1.0f + e);
+    return u < 0.0f ? -t : t;
+  } else {
+    return haliax::detail::math::tanh(u);
   }
 }
 
@@ -963,6 +985,379 @@ void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, com
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Backward kernels of the axis-wise ops, built like the forward ones: contiguous rows in fixed-width lane
+// groups (compiled per ISA and picked at run time on x86 hosts), strided rows in blocks of neighbouring inner
+// positions. Each row is read at most three times and written once; nothing is allocated but the result.
+//
+//   softmax      y = softmax(x):      dx = y * (g - sum(g * y))
+//   log_softmax  y = log_softmax(x):  dx = g - exp(y) * sum(g)
+//   logsumexp    z = logsumexp(x):    dx = g_z * exp(x - z)        (0 for a row whose z is -inf)
+//   standardize  y = (x - mu) * r:    dx = r * (g - mean(g) - y * mean(g * y)), y recomputed from x
+
+enum class grad_op { softmax, log_softmax, logsumexp, standardize };
+
+/// sum_j f(a_j, b_j) over two rows, in chunks like row_sum_of.
+template <int L, class T, class F>
+HALIAX_NN_INLINE compute_t<T> row_sum2_of(const T* a, const T* b, std::int64_t n, F f) {
+  using V = compute_t<T>;
+  V total[L];
+  for (int k = 0; k < L; ++k) total[k] = V(0);
+  std::int64_t j = 0;
+  while (j + L <= n) {
+    const std::int64_t end = j + sum_chunk < n ? j + sum_chunk : n;
+    V s[L];
+    for (int k = 0; k < L; ++k) s[k] = V(0);
+    for (; j + L <= end; j += L) {
+      const T* p = a + j;
+      const T* q = b + j;
+      HALIAX_NN_LANES
+      for (int k = 0; k < L; ++k) s[k] += f(ld(p, k), ld(q, k));
+    }
+    for (int k = 0; k < L; ++k) total[k] += s[k];
+  }
+  for (; j < n; ++j) total[0] += f(ld(a, j), ld(b, j));
+  V r = V(0);
+  for (int k = 0; k < L; ++k) r += total[k];
+  return r;
+}
+
+/// q_k = f(p_k, r_k) for k < L.
+template <int L, class T, class F>
+HALIAX_NN_INLINE void map2_group(const T* KOKKOS_RESTRICT p, const T* KOKKOS_RESTRICT r, T* KOKKOS_RESTRICT q, F f) {
+  HALIAX_NN_LANES
+  for (int k = 0; k < L; ++k) st(q, k, f(ld(p, k), ld(r, k)));
+}
+
+/// y_j = f(a_j, b_j) for a row (y distinct from a and b), prefetching `next` along the way.
+template <int L, class T, class F>
+HALIAX_NN_INLINE void row_map2(const T* a, const T* b, T* y, std::int64_t n, F f, prefetch_rows<T> next = {}) {
+  std::int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    next.template fetch<L>(j);
+    map2_group<L>(a + j, b + j, y + j, f);
+  }
+  for (; j < n; ++j) st(y, j, f(ld(a, j), ld(b, j)));
+}
+
+#ifdef HALIAX_NN_ISA_DISPATCH
+// row_map2 for float rows with streaming stores (host x86, outputs larger than the caches, as the forward's
+// streamed path): each group is computed into registers and written with a non-temporal store, so the output
+// skips the read-for-ownership. One version per ISA, each compiled for its target as the intrinsics need.
+#define HALIAX_NN_STREAM_MAP2(NAME, TARGET, W, LOAD, STREAM)                                                          \
+  template <class F>                                                                                                  \
+  TARGET inline void NAME(const float* a, const float* b, float* y, std::int64_t n, F f, prefetch_rows<float> next) { \
+    std::int64_t j = 0;                                                                                               \
+    for (; j < n && (reinterpret_cast<std::uintptr_t>(y + j) & (4 * W - 1)) != 0; ++j) y[j] = f(a[j], b[j]);          \
+    alignas(4 * W) float tmp[W];                                                                                      \
+    for (; j + W <= n; j += W) {                                                                                      \
+      next.template fetch<W>(j);                                                                                      \
+      map2_group<W>(a + j, b + j, tmp, f);                                                                            \
+      STREAM(y + j, LOAD(tmp));                                                                                       \
+    }                                                                                                                 \
+    for (; j < n; ++j) y[j] = f(a[j], b[j]);                                                                          \
+    _mm_sfence();                                                                                                     \
+  }
+HALIAX_NN_STREAM_MAP2(stream_map2_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), 16,
+                      _mm512_load_ps, _mm512_stream_ps)
+HALIAX_NN_STREAM_MAP2(stream_map2_avx2, __attribute__((target("avx2,fma"))), 8, _mm256_load_ps, _mm256_stream_ps)
+HALIAX_NN_STREAM_MAP2(stream_map2_sse, , 4, _mm_load_ps, _mm_stream_ps)
+#undef HALIAX_NN_STREAM_MAP2
+#endif
+
+/// The last pass of a backward row: dx_j = f(a_j, g_j) in groups of L, with streaming stores when `stream`
+/// (float rows on x86 hosts only; elsewhere `stream` is always false).
+template <int VB, int L, class T, class F>
+HALIAX_NN_INLINE void row_grad_write(const T* a, const T* g, T* dx, std::int64_t n, F f, prefetch_rows<T> next,
+                                     bool stream) {
+#ifdef HALIAX_NN_ISA_DISPATCH
+  if constexpr (std::is_same_v<T, float>) {
+    if (stream) {
+      if constexpr (VB == 64) {
+        stream_map2_avx512(a, g, dx, n, f, next);
+      } else if constexpr (VB == 32) {
+        stream_map2_avx2(a, g, dx, n, f, next);
+      } else {
+        stream_map2_sse(a, g, dx, n, f, next);
+      }
+      return;
+    }
+  }
+#endif
+  row_map2<L>(a, g, dx, n, f, next);
+}
+
+struct prod_fn {
+  template <class V>
+  HALIAX_NN_INLINE V operator()(V a, V b) const {
+    return a * b;
+  }
+};
+struct zero_fn {
+  template <class V>
+  HALIAX_NN_INLINE V operator()(V) const {
+    return V(0);
+  }
+};
+template <class V>
+struct softmax_grad_fn {  // (y, g) -> y * (g - s)
+  V s;
+  HALIAX_NN_INLINE V operator()(V y, V g) const { return y * (g - s); }
+};
+template <class V>
+struct log_softmax_grad_fn {  // (y, g) -> g - exp(y) * s; y <= 0 (a log-probability)
+  V s;
+  HALIAX_NN_INLINE V operator()(V y, V g) const { return g - fast_exp_nonpos(y) * s; }
+};
+template <class V>
+struct standardize_gy_fn {  // (x, g) -> g * (x - mean) * r
+  V mean, r;
+  HALIAX_NN_INLINE V operator()(V x, V g) const { return g * ((x - mean) * r); }
+};
+template <class V>
+struct standardize_grad_fn {  // (x, g) -> r * (g - mg - (x - mean) * r * mgy)
+  V mean, r, mg, mgy;
+  HALIAX_NN_INLINE V operator()(V x, V g) const { return r * (g - mg - ((x - mean) * r) * mgy); }
+};
+
+/// One contiguous row of a backward. `a` is the saved row (y for softmax and log_softmax, x for logsumexp and
+/// standardize), `g` the gradient row, `dx` the output row; for logsumexp `g` and `z` point at the row's
+/// reduced gradient and value. `param` is epsilon for standardize.
+template <grad_op Op, int VB, class T>
+HALIAX_NN_INLINE void row_grad(const T* a, const T* g, const T* z, T* dx, std::int64_t n, compute_t<T> param,
+                               prefetch_rows<T> next, bool stream) {
+  using V = compute_t<T>;
+  constexpr int R = reduce_lanes<V, VB>;
+  constexpr int E = exp_lanes<V, VB>;
+  if constexpr (Op == grad_op::softmax) {
+    const V s = row_sum2_of<R>(a, g, n, prod_fn{});
+    row_grad_write<VB, R>(a, g, dx, n, softmax_grad_fn<V>{s}, next, stream);
+  } else if constexpr (Op == grad_op::log_softmax) {
+    const V s = row_sum_of<R>(g, n, identity_fn{});
+    row_grad_write<VB, E>(a, g, dx, n, log_softmax_grad_fn<V>{s}, next, stream);
+  } else if constexpr (Op == grad_op::logsumexp) {
+    const V zv = ld(z, 0), gv = ld(g, 0);
+    if (zv == neg_inf<V>()) {
+      row_map<R>(a, dx, n, zero_fn{});
+    } else if (haliax::detail::math::isfinite(zv)) {
+      row_map<E>(a, dx, n, exp_scale_fn<V, true>{zv, gv});  // z >= every x of its row
+    } else {
+      row_map<E>(a, dx, n, exp_scale_fn<V, false>{zv, gv});
+    }
+  } else {
+    const V inv_n = V(1) / static_cast<V>(n);
+    const V mean = row_sum_of<R>(a, n, identity_fn{}) * inv_n;
+    const V var = row_sum_of<R>(a, n, sq_dev_fn<V>{mean}) * inv_n;
+    const V r = V(1) / haliax::detail::math::sqrt(var + param);
+    const V mg = row_sum_of<R>(g, n, identity_fn{}) * inv_n;
+    const V mgy = row_sum2_of<R>(a, g, n, standardize_gy_fn<V>{mean, r}) * inv_n;
+    row_grad_write<VB, R>(a, g, dx, n, standardize_grad_fn<V>{mean, r, mg, mgy}, next, stream);
+  }
+}
+
+/// The strided backward for one block of `b` neighbouring inner positions: `a`, `g` (not for logsumexp) and
+/// `dx` point at position (o, 0, i0); for logsumexp `g` and `z` point at the reduced values at (o, i0).
+template <grad_op Op, class T>
+HALIAX_NN_INLINE void block_grad(const T* a, const T* g, const T* z, T* dx, std::int64_t n, std::int64_t inner, int b,
+                                 compute_t<T> param) {
+  using V = compute_t<T>;
+  constexpr int B = block_width;
+  V s[B], u[B], w[B], q[B];
+  if constexpr (Op == grad_op::logsumexp) {
+    for (int t = 0; t < b; ++t) {
+      s[t] = ld(z, t);
+      u[t] = ld(g, t);
+    }
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = a + j * inner;
+      T* o = dx + j * inner;
+      for (int t = 0; t < b; ++t) st(o, t, s[t] == neg_inf<V>() ? V(0) : fast_exp(ld(p, t) - s[t]) * u[t]);
+    }
+  } else if constexpr (Op == grad_op::standardize) {
+    for (int t = 0; t < b; ++t) u[t] = w[t] = s[t] = q[t] = V(0);
+    const V inv_n = V(1) / static_cast<V>(n);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = a + j * inner;
+      for (int t = 0; t < b; ++t) u[t] += ld(p, t);
+    }
+    for (int t = 0; t < b; ++t) u[t] *= inv_n;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = a + j * inner;
+      for (int t = 0; t < b; ++t) w[t] += (ld(p, t) - u[t]) * (ld(p, t) - u[t]);
+    }
+    for (int t = 0; t < b; ++t) w[t] = V(1) / haliax::detail::math::sqrt(w[t] * inv_n + param);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = a + j * inner;
+      const T* h = g + j * inner;
+      for (int t = 0; t < b; ++t) {
+        s[t] += ld(h, t);
+        q[t] += ld(h, t) * ((ld(p, t) - u[t]) * w[t]);
+      }
+    }
+    for (int t = 0; t < b; ++t) {
+      s[t] *= inv_n;
+      q[t] *= inv_n;
+    }
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = a + j * inner;
+      const T* h = g + j * inner;
+      T* o = dx + j * inner;
+      for (int t = 0; t < b; ++t) st(o, t, w[t] * (ld(h, t) - s[t] - ((ld(p, t) - u[t]) * w[t]) * q[t]));
+    }
+  } else {
+    for (int t = 0; t < b; ++t) s[t] = V(0);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = a + j * inner;
+      const T* h = g + j * inner;
+      for (int t = 0; t < b; ++t) {
+        if constexpr (Op == grad_op::softmax) {
+          s[t] += ld(p, t) * ld(h, t);
+        } else {
+          s[t] += ld(h, t);
+        }
+      }
+    }
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* p = a + j * inner;
+      const T* h = g + j * inner;
+      T* o = dx + j * inner;
+      for (int t = 0; t < b; ++t) {
+        if constexpr (Op == grad_op::softmax) {
+          st(o, t, ld(p, t) * (ld(h, t) - s[t]));
+        } else {
+          st(o, t, ld(h, t) - fast_exp(ld(p, t)) * s[t]);
+        }
+      }
+    }
+  }
+}
+
+/// A full block gets a compile-time trip count so its inner loops vectorise.
+template <grad_op Op, class T>
+HALIAX_NN_INLINE void block_grad_any(const T* a, const T* g, const T* z, T* dx, std::int64_t n, std::int64_t inner,
+                                     int b, compute_t<T> param) {
+  if (b == block_width) {
+    block_grad<Op>(a, g, z, dx, n, inner, block_width, param);
+  } else {
+    block_grad<Op>(a, g, z, dx, n, inner, b, param);
+  }
+}
+
+#ifdef HALIAX_NN_ISA_DISPATCH
+template <grad_op Op, class T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void row_grad_avx512(
+    const T* a, const T* g, const T* z, T* dx, std::int64_t n, compute_t<T> param, prefetch_rows<T> next, bool stream) {
+  row_grad<Op, 64>(a, g, z, dx, n, param, next, stream);
+}
+template <grad_op Op, class T>
+__attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void row_grad_avx2(const T* a, const T* g, const T* z, T* dx,
+                                                                     std::int64_t n, compute_t<T> param,
+                                                                     prefetch_rows<T> next, bool stream) {
+  row_grad<Op, 32>(a, g, z, dx, n, param, next, stream);
+}
+template <grad_op Op, class T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void block_grad_avx512(
+    const T* a, const T* g, const T* z, T* dx, std::int64_t n, std::int64_t inner, int b, compute_t<T> param) {
+  block_grad_any<Op>(a, g, z, dx, n, inner, b, param);
+}
+template <grad_op Op, class T>
+__attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void block_grad_avx2(const T* a, const T* g, const T* z, T* dx,
+                                                                       std::int64_t n, std::int64_t inner, int b,
+                                                                       compute_t<T> param) {
+  block_grad_any<Op>(a, g, z, dx, n, inner, b, param);
+}
+#endif
+
+/// Runs a backward over arrays split as outer x n x inner: `a`, `g` and `dx` have the full shape, except that
+/// for logsumexp `g` and `z` have the reduced shape outer x inner.
+template <grad_op Op, class T>
+void run_axis_grad(const char* label, const T* a, const T* g, const T* z, T* dx, axis_split sp,
+                   compute_t<T> param = {}) {
+  const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
+  if (outer == 0 || inner == 0 || n == 0) return;
+  [[maybe_unused]] const host_isa isa = detect_host_isa();
+  constexpr bool reduced = Op == grad_op::logsumexp;
+  constexpr bool host = std::is_same_v<haliax::memory_space, Kokkos::HostSpace>;
+  if (inner == 1) {
+    // Large float outputs are written with streaming stores (see the forward's streamed path).
+    bool stream = false;
+#ifdef HALIAX_NN_ISA_DISPATCH
+    stream =
+        std::is_same_v<T, float> && !reduced && outer * n * static_cast<std::int64_t>(sizeof(T)) >= stream_min_bytes;
+#endif
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
+          const T* ar = a + o * n;
+          const T* gr = reduced ? g + o : g + o * n;
+          const T* zr = reduced ? z + o : nullptr;
+          T* dr = dx + o * n;
+          // The next row's inputs are fetched during this row's last pass, so its first pass reads from cache.
+          prefetch_rows<T> next;
+          if (host && o + 1 < outer) next = {ar + n, reduced ? nullptr : gr + n};
+#ifdef HALIAX_NN_ISA_DISPATCH
+          if (isa == host_isa::avx512) {
+            row_grad_avx512<Op>(ar, gr, zr, dr, n, param, next, stream);
+            return;
+          }
+          if (isa == host_isa::avx2) {
+            row_grad_avx2<Op>(ar, gr, zr, dr, n, param, next, stream);
+            return;
+          }
+#endif
+          row_grad<Op, 16>(ar, gr, zr, dr, n, param, next, stream);
+        });
+    return;
+  }
+  constexpr int B = block_width;
+  const std::int64_t nb = (inner + B - 1) / B;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
+        const std::int64_t o = w / nb;
+        const std::int64_t i0 = (w - o * nb) * B;
+        const int b = inner - i0 < B ? static_cast<int>(inner - i0) : B;
+        const std::int64_t base = o * n * inner + i0, red = o * inner + i0;
+        const T* ab = a + base;
+        const T* gb = reduced ? g + red : g + base;
+        const T* zb = reduced ? z + red : nullptr;
+        T* db = dx + base;
+#ifdef HALIAX_NN_ISA_DISPATCH
+        if (isa == host_isa::avx512) {
+          block_grad_avx512<Op>(ab, gb, zb, db, n, inner, b, param);
+          return;
+        }
+        if (isa == host_isa::avx2) {
+          block_grad_avx2<Op>(ab, gb, zb, db, n, inner, b, param);
+          return;
+        }
+#endif
+        block_grad_any<Op>(ab, gb, zb, db, n, inner, b, param);
+      });
+}
+
+/// `x` without its autodiff node: what a backward closure captures (it needs the values, not the graph).
+template <class T, class Axes>
+named_array<T, Axes> untracked(const named_array<T, Axes>& x) {
+  auto c = x;
+  c.set_ad_node(nullptr);
+  return c;
+}
+
+/// Records the backward of softmax, log_softmax or standardize along A for `r` computed from `x`; `saved` is
+/// the array the kernel reads (y or x).
+template <grad_op Op, class A, class T, class Axes>
+void record_axis_grad(named_array<T, Axes>& r, const named_array<T, Axes>& x, const named_array<T, Axes>& saved,
+                      compute_t<T> param = {}) {
+  haliax::detail::ad::record(
+      r,
+      [saved = untracked(saved), param](const named_array<T, Axes>& g, auto) {
+        auto dx = named_array<T, Axes>::allocate(g.sizes(), "haliax::nn::axis_grad");
+        run_axis_grad<Op>("haliax::nn::axis_grad", saved.data(), g.data(), static_cast<const T*>(nullptr), dx.data(),
+                          split_at<Axes, A>(g.sizes()), param);
+        return std::tuple{dx};
+      },
+      x);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Activation functors (compute-type in, compute-type out)
 
 template <class V>
@@ -995,9 +1390,7 @@ HALIAX_NN_FUNCTOR(soft_sign, x / (V(1) + (x < V(0) ? -x : x)))
 HALIAX_NN_FUNCTOR(silu, x* sigmoid_v(x))
 HALIAX_NN_FUNCTOR(quick_gelu, x* sigmoid_v(V(1.702) * x))
 HALIAX_NN_FUNCTOR(gelu_exact, V(0.5) * x * (V(1) + haliax::detail::math::erf(x * V(0.70710678118654752440))))
-HALIAX_NN_FUNCTOR(gelu_tanh,
-                  V(0.5) * x *
-                      (V(1) + haliax::detail::math::tanh(V(0.79788456080286535588) * (x + V(0.044715) * x * x * x))))
+HALIAX_NN_FUNCTOR(gelu_tanh, V(0.5) * x * (V(1) + fast_tanh(V(0.79788456080286535588) * (x + V(0.044715) * x * x * x))))
 HALIAX_NN_FUNCTOR(hard_sigmoid, (x + V(3) > V(0) ? (x + V(3) < V(6) ? x + V(3) : V(6)) : V(0)) / V(6))
 HALIAX_NN_FUNCTOR(hard_silu, x*((x + V(3) > V(0) ? (x + V(3) < V(6) ? x + V(3) : V(6)) : V(0)) / V(6)))
 HALIAX_NN_FUNCTOR(hard_tanh, x > V(1) ? V(1) : (x < V(-1) ? V(-1) : x))
@@ -1045,18 +1438,118 @@ struct selu_fn {
   }
 };
 
-/// Throws unless `out` has x's sizes and its own buffer.
+// Derivatives of the activations (compute-type in, compute-type out), with JAX's choices at the kinks: relu,
+// relu6 and the hard_* family take 0 at their corners, leaky_relu, hard_tanh and elu the left-closed /
+// inner side as their forward `where` does (leaky_relu'(0) = 1, hard_tanh'(+-1) = 1, elu'(0) = alpha).
+#define HALIAX_NN_FUNCTOR(NAME, EXPR)                \
+  struct NAME##_grad_fn {                            \
+    template <class V>                               \
+    KOKKOS_INLINE_FUNCTION V operator()(V x) const { \
+      return EXPR;                                   \
+    }                                                \
+  };
+HALIAX_NN_FUNCTOR(relu, x > V(0) ? V(1) : V(0))
+HALIAX_NN_FUNCTOR(relu6, x > V(0) && x < V(6) ? V(1) : V(0))
+HALIAX_NN_FUNCTOR(relu_squared, x > V(0) ? V(2) * x : V(0))
+HALIAX_NN_FUNCTOR(sigmoid, sigmoid_v(x) * (V(1) - sigmoid_v(x)))
+HALIAX_NN_FUNCTOR(log_sigmoid, sigmoid_v(-x))
+HALIAX_NN_FUNCTOR(softplus, sigmoid_v(x))
+HALIAX_NN_FUNCTOR(soft_sign, V(1) / ((V(1) + (x < V(0) ? -x : x)) * (V(1) + (x < V(0) ? -x : x))))
+HALIAX_NN_FUNCTOR(silu, sigmoid_v(x) * (V(1) + x * (V(1) - sigmoid_v(x))))
+HALIAX_NN_FUNCTOR(quick_gelu, sigmoid_v(V(1.702) * x) * (V(1) + V(1.702) * x * (V(1) - sigmoid_v(V(1.702) * x))))
+HALIAX_NN_FUNCTOR(gelu_exact, V(0.5) * (V(1) + haliax::detail::math::erf(x * V(0.70710678118654752440))) +
+                                  x * V(0.39894228040143267794) * haliax::detail::math::exp(V(-0.5) * x * x))
+HALIAX_NN_FUNCTOR(hard_sigmoid, x > V(-3) && x < V(3) ? V(1) / V(6) : V(0))
+HALIAX_NN_FUNCTOR(hard_silu, hard_sigmoid_fn{}(x) + (x > V(-3) && x < V(3) ? x / V(6) : V(0)))
+HALIAX_NN_FUNCTOR(hard_tanh, x > V(1) || x < V(-1) ? V(0) : V(1))
+#undef HALIAX_NN_FUNCTOR
+
+struct gelu_tanh_grad_fn {
+  template <class V>
+  HALIAX_NN_INLINE V operator()(V x) const {
+    constexpr V c = V(0.79788456080286535588), k = V(0.044715);
+    const V t = fast_tanh(c * (x + k * x * x * x));
+    return V(0.5) * (V(1) + t) + V(0.5) * x * (V(1) - t * t) * c * (V(1) + V(3) * k * x * x);
+  }
+};
+
+struct gelu_grad_fn {
+  bool approximate;
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    return approximate ? gelu_tanh_grad_fn{}(x) : gelu_exact_grad_fn{}(x);
+  }
+};
+
+struct leaky_relu_grad_fn {
+  double slope;
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    return x >= V(0) ? V(1) : static_cast<V>(slope);
+  }
+};
+
+struct elu_grad_fn {
+  double alpha;
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    return x > V(0) ? V(1) : static_cast<V>(alpha) * haliax::detail::math::exp(x);
+  }
+};
+
+struct celu_grad_fn {  // max(x,0) + a expm1(min(x,0)/a): JAX splits max/min ties evenly, giving 1 at 0 as well
+  double alpha;
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    return x > V(0) ? V(1) : haliax::detail::math::exp(x / static_cast<V>(alpha));
+  }
+};
+
+struct selu_grad_fn {
+  template <class V>
+  KOKKOS_INLINE_FUNCTION V operator()(V x) const {
+    constexpr double alpha = 1.6732632423543772848170429916717;
+    constexpr double scale = 1.0507009873554804934193349852946;
+    return static_cast<V>(scale) * (x > V(0) ? V(1) : static_cast<V>(alpha) * haliax::detail::math::exp(x));
+  }
+};
+
+/// (g, x) -> g * f'(x): the backward of an activation with derivative functor D.
+template <class D>
+struct chain_fn {
+  D d;
+  template <class V>
+  HALIAX_NN_INLINE V operator()(V g, V x) const {
+    return g * d(x);
+  }
+};
+
+/// Throws unless `out` has x's sizes and its own buffer, and x is not tracked by autodiff (the `_into` forms
+/// write into a caller's buffer and record nothing, so a gradient through them would silently be lost).
 template <class T, class Axes>
 void check_into(const char* op, const named_array<T, Axes>& x, const named_array<T, Axes>& out) {
+  if (haliax::detail::ad::any_tracked(x))
+    throw std::logic_error(std::string(op) +
+                           ": not differentiable; inside value_and_grad use the form that returns "
+                           "a new array");
   if (out.sizes() != x.sizes())
     throw shape_error(std::string(op) + ": out has shape " + out.shape_string() + " but x has " + x.shape_string());
   if (x.element_count() > 0 && out.data() == x.data())
     throw std::invalid_argument(std::string(op) + ": out shares x's buffer; pass a separate array");
 }
 
-template <class T, class Axes, class F>
-named_array<T, Axes> activation(const char* label, const named_array<T, Axes>& x, F f) {
-  return haliax::detail::map<T>(label, x, f);
+/// An elementwise activation f with derivative functor D; records g * f'(x) as its backward.
+template <class T, class Axes, class F, class D>
+named_array<T, Axes> activation(const char* label, const named_array<T, Axes>& x, F f, D df) {
+  auto r = haliax::detail::map<T>(label, x, f);
+  if (haliax::detail::ad::any_tracked(x))
+    haliax::detail::ad::record(
+        r,
+        [xs = untracked(x), df](const named_array<T, Axes>& g, auto) {
+          return std::tuple{haliax::detail::zip<T, Axes>("haliax::nn::activation_grad", g, xs, chain_fn<D>{df})};
+        },
+        x);
+  return r;
 }
 
 }  // namespace detail
@@ -1077,6 +1570,7 @@ concept NewAxisFor = AxisTag<C> && !detail::has_axis_v<Axes, C>;
 
 /// Softmax along `axis` (upstream `haliax.nn.softmax`): exp(x - max) / sum(exp(x - max)) over that axis;
 /// keeps every axis. Numerically stable for any magnitude; fused into three passes over each row.
+/// Gradient: y * (g - sum(g * y)) along `axis`, one fused kernel reading y and g.
 ///   auto p = haliax::nn::softmax(logits, Vocab);   // {batch, vocab} -> {batch, vocab}
 ///   // every (batch) row of p sums to 1
 template <FloatElement T, class Axes, AxisOf<Axes> A>
@@ -1084,11 +1578,13 @@ named_array<T, Axes> softmax(const named_array<T, Axes>& x, A axis) {
   auto r = named_array<T, Axes>::allocate(x.sizes(), "haliax::nn::softmax");
   detail::run_axis_op<detail::axis_op::softmax>("haliax::nn::softmax", x.data(), r.data(), static_cast<T*>(nullptr),
                                                 detail::split_at<Axes, A>(x.sizes()));
+  if (haliax::detail::ad::any_tracked(x)) detail::record_axis_grad<detail::grad_op::softmax, A>(r, x, r);
   return r;
 }
 
 /// Log of the softmax along `axis` (upstream `haliax.nn.log_softmax`): x - max - log(sum(exp(x - max)));
 /// keeps every axis. Stable for large magnitudes (no log of an underflowed probability).
+/// Gradient: g - exp(y) * sum(g) along `axis`, one fused kernel reading y and g.
 ///   auto lp = haliax::nn::log_softmax(logits, Vocab);   // {batch, vocab} -> {batch, vocab}
 ///   // exp(lp) == softmax(logits, Vocab)
 template <FloatElement T, class Axes, AxisOf<Axes> A>
@@ -1096,12 +1592,14 @@ named_array<T, Axes> log_softmax(const named_array<T, Axes>& x, A axis) {
   auto r = named_array<T, Axes>::allocate(x.sizes(), "haliax::nn::log_softmax");
   detail::run_axis_op<detail::axis_op::log_softmax>("haliax::nn::log_softmax", x.data(), r.data(),
                                                     static_cast<T*>(nullptr), detail::split_at<Axes, A>(x.sizes()));
+  if (haliax::detail::ad::any_tracked(x)) detail::record_axis_grad<detail::grad_op::log_softmax, A>(r, x, r);
   return r;
 }
 
 /// `softmax(x, axis)` written into an existing array `out` of the same axes and sizes (for loops that reuse
 /// a buffer: a fresh multi-GB output costs more in page faults than the softmax itself). `out` must not
-/// share x's buffer; throws `shape_error` on a size mismatch.
+/// share x's buffer; throws `shape_error` on a size mismatch. Not differentiable: while a gradient is taken,
+/// a tracked `x` throws `std::logic_error` (use `softmax`, which records its backward).
 ///   auto p = haliax::empty_like(logits);
 ///   haliax::nn::softmax_into(logits, Vocab, p);   // p = softmax(logits, Vocab)
 template <FloatElement T, class Axes, AxisOf<Axes> A>
@@ -1111,7 +1609,8 @@ void softmax_into(const named_array<T, Axes>& x, A axis, const named_array<T, Ax
                                                 detail::split_at<Axes, A>(x.sizes()));
 }
 
-/// `log_softmax(x, axis)` written into an existing array `out` of the same axes and sizes; as `softmax_into`.
+/// `log_softmax(x, axis)` written into an existing array `out` of the same axes and sizes; as `softmax_into`
+/// (and, like it, not differentiable).
 ///   auto lp = haliax::empty_like(logits);
 ///   haliax::nn::log_softmax_into(logits, Vocab, lp);   // lp = log_softmax(logits, Vocab)
 template <FloatElement T, class Axes, AxisOf<Axes> A>
@@ -1122,7 +1621,8 @@ void log_softmax_into(const named_array<T, Axes>& x, A axis, const named_array<T
 }
 
 /// log(sum(exp(x))) along `axis`, computed stably (upstream `haliax.nn.logsumexp`); drops `axis`.
-/// An empty axis or an all -inf row gives -inf.
+/// An empty axis or an all -inf row gives -inf. Gradient: g * exp(x - z), i.e. g times the softmax (zero for
+/// an all -inf row).
 ///   auto z = haliax::nn::logsumexp(logits, Vocab);   // {batch, vocab} -> {batch}
 ///   // log_softmax(logits, Vocab) == logits - z
 template <FloatElement T, class Axes, AxisOf<Axes> A>
@@ -1138,12 +1638,23 @@ named_array<T, detail::without_t<Axes, A>> logsumexp(const named_array<T, Axes>&
   auto r = R::allocate(rsizes, "haliax::nn::logsumexp");
   detail::run_axis_op<detail::axis_op::logsumexp>("haliax::nn::logsumexp", x.data(), static_cast<T*>(nullptr), r.data(),
                                                   detail::split_at<Axes, A>(x.sizes()));
+  if (haliax::detail::ad::any_tracked(x))
+    haliax::detail::ad::record(
+        r,
+        [xs = detail::untracked(x), z = detail::untracked(r)](const R& g, auto) {
+          auto dx = named_array<T, Axes>::allocate(xs.sizes(), "haliax::nn::logsumexp_grad");
+          detail::run_axis_grad<detail::grad_op::logsumexp>("haliax::nn::logsumexp_grad", xs.data(), g.data(), z.data(),
+                                                            dx.data(), detail::split_at<Axes, A>(xs.sizes()));
+          return std::tuple{dx};
+        },
+        x);
   return r;
 }
 
 /// (x - mean) / sqrt(var + epsilon) along `axis`, with the mean and (biased) variance taken over that axis
 /// (upstream `haliax.nn.standardize`); keeps every axis. The variance is computed in a second pass over
-/// the centred values, not as E[x^2] - E[x]^2.
+/// the centred values, not as E[x^2] - E[x]^2. Gradient: r * (g - mean(g) - y * mean(g * y)) with
+/// r = 1 / sqrt(var + epsilon), one fused kernel that recomputes the row statistics from x.
 ///   auto z = haliax::nn::standardize(h, Embed);   // {batch, embed} -> {batch, embed}
 ///   // each (batch) row of z has mean 0 and variance ~1
 template <FloatElement T, class Axes, AxisOf<Axes> A>
@@ -1152,6 +1663,8 @@ named_array<T, Axes> standardize(const named_array<T, Axes>& x, A axis, double e
   detail::run_axis_op<detail::axis_op::standardize>("haliax::nn::standardize", x.data(), r.data(),
                                                     static_cast<T*>(nullptr), detail::split_at<Axes, A>(x.sizes()),
                                                     static_cast<compute_t<T>>(epsilon));
+  if (haliax::detail::ad::any_tracked(x))
+    detail::record_axis_grad<detail::grad_op::standardize, A>(r, x, x, static_cast<compute_t<T>>(epsilon));
   return r;
 }
 
@@ -1203,7 +1716,7 @@ named_array<R, axes<C{}>> one_hot(I label, sized_axis<C> class_axis, double on =
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> relu(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::relu", x, detail::relu_fn{});
+  return detail::activation("haliax::nn::relu", x, detail::relu_fn{}, detail::relu_grad_fn{});
 }
 
 /// min(max(x, 0), 6); elementwise, keeps every axis.
@@ -1211,7 +1724,7 @@ named_array<T, Axes> relu(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> relu6(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::relu6", x, detail::relu6_fn{});
+  return detail::activation("haliax::nn::relu6", x, detail::relu6_fn{}, detail::relu6_grad_fn{});
 }
 
 /// max(x, 0)^2; elementwise, keeps every axis.
@@ -1219,7 +1732,7 @@ named_array<T, Axes> relu6(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> relu_squared(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::relu_squared", x, detail::relu_squared_fn{});
+  return detail::activation("haliax::nn::relu_squared", x, detail::relu_squared_fn{}, detail::relu_squared_grad_fn{});
 }
 
 /// 1 / (1 + exp(-x)), never overflowing for large |x|; elementwise, keeps every axis.
@@ -1227,7 +1740,7 @@ named_array<T, Axes> relu_squared(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> sigmoid(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::sigmoid", x, detail::sigmoid_fn{});
+  return detail::activation("haliax::nn::sigmoid", x, detail::sigmoid_fn{}, detail::sigmoid_grad_fn{});
 }
 
 /// log(sigmoid(x)) computed as -softplus(-x), stable for large |x|; elementwise, keeps every axis.
@@ -1235,7 +1748,7 @@ named_array<T, Axes> sigmoid(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> log_sigmoid(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::log_sigmoid", x, detail::log_sigmoid_fn{});
+  return detail::activation("haliax::nn::log_sigmoid", x, detail::log_sigmoid_fn{}, detail::log_sigmoid_grad_fn{});
 }
 
 /// log(1 + exp(x)) computed as log1p(exp(-|x|)) + max(x, 0), stable for large |x|; elementwise, keeps every axis.
@@ -1243,7 +1756,7 @@ named_array<T, Axes> log_sigmoid(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> softplus(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::softplus", x, detail::softplus_fn{});
+  return detail::activation("haliax::nn::softplus", x, detail::softplus_fn{}, detail::softplus_grad_fn{});
 }
 
 /// x / (1 + |x|); elementwise, keeps every axis.
@@ -1251,7 +1764,7 @@ named_array<T, Axes> softplus(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> soft_sign(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::soft_sign", x, detail::soft_sign_fn{});
+  return detail::activation("haliax::nn::soft_sign", x, detail::soft_sign_fn{}, detail::soft_sign_grad_fn{});
 }
 
 /// x * sigmoid(x) (SiLU, also `swish`); elementwise, keeps every axis.
@@ -1259,7 +1772,7 @@ named_array<T, Axes> soft_sign(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> silu(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::silu", x, detail::silu_fn{});
+  return detail::activation("haliax::nn::silu", x, detail::silu_fn{}, detail::silu_grad_fn{});
 }
 
 /// x * sigmoid(1.702 x); elementwise, keeps every axis.
@@ -1267,7 +1780,7 @@ named_array<T, Axes> silu(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> quick_gelu(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::quick_gelu", x, detail::quick_gelu_fn{});
+  return detail::activation("haliax::nn::quick_gelu", x, detail::quick_gelu_fn{}, detail::quick_gelu_grad_fn{});
 }
 
 /// relu6(x + 3) / 6; elementwise, keeps every axis.
@@ -1275,7 +1788,7 @@ named_array<T, Axes> quick_gelu(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> hard_sigmoid(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::hard_sigmoid", x, detail::hard_sigmoid_fn{});
+  return detail::activation("haliax::nn::hard_sigmoid", x, detail::hard_sigmoid_fn{}, detail::hard_sigmoid_grad_fn{});
 }
 
 /// x * hard_sigmoid(x) (also `hard_swish`); elementwise, keeps every axis.
@@ -1283,7 +1796,7 @@ named_array<T, Axes> hard_sigmoid(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> hard_silu(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::hard_silu", x, detail::hard_silu_fn{});
+  return detail::activation("haliax::nn::hard_silu", x, detail::hard_silu_fn{}, detail::hard_silu_grad_fn{});
 }
 
 /// clip(x, -1, 1); elementwise, keeps every axis.
@@ -1291,21 +1804,21 @@ named_array<T, Axes> hard_silu(const named_array<T, Axes>& x) {
 ///   // same axes and element type as x
 template <FloatElement T, class Axes>
 named_array<T, Axes> hard_tanh(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::hard_tanh", x, detail::hard_tanh_fn{});
+  return detail::activation("haliax::nn::hard_tanh", x, detail::hard_tanh_fn{}, detail::hard_tanh_grad_fn{});
 }
 
 /// x * sigmoid(x), the same function as `silu`; elementwise, keeps every axis.
 ///   auto h = haliax::nn::swish(x);   // == silu(x)
 template <FloatElement T, class Axes>
 named_array<T, Axes> swish(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::swish", x, detail::silu_fn{});
+  return detail::activation("haliax::nn::swish", x, detail::silu_fn{}, detail::silu_grad_fn{});
 }
 
 /// x * hard_sigmoid(x), the same function as `hard_silu`; elementwise, keeps every axis.
 ///   auto h = haliax::nn::hard_swish(x);   // == hard_silu(x)
 template <FloatElement T, class Axes>
 named_array<T, Axes> hard_swish(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::hard_swish", x, detail::hard_silu_fn{});
+  return detail::activation("haliax::nn::hard_swish", x, detail::hard_silu_fn{}, detail::hard_silu_grad_fn{});
 }
 
 /// GELU; elementwise, keeps every axis. `approximate = true` (upstream's default) is the tanh form
@@ -1314,42 +1827,43 @@ named_array<T, Axes> hard_swish(const named_array<T, Axes>& x) {
 ///   auto e = haliax::nn::gelu(x, false);   // erf form
 template <FloatElement T, class Axes>
 named_array<T, Axes> gelu(const named_array<T, Axes>& x, bool approximate = true) {
-  return detail::activation("haliax::nn::gelu", x, detail::gelu_fn{approximate});
+  return detail::activation("haliax::nn::gelu", x, detail::gelu_fn{approximate}, detail::gelu_grad_fn{approximate});
 }
 
 /// The tanh approximation of GELU (Hugging Face's "gelu_new"), i.e. `gelu(x, true)`; keeps every axis.
 ///   auto h = haliax::nn::gelu_new(x);   // == gelu(x, true)
 template <FloatElement T, class Axes>
 named_array<T, Axes> gelu_new(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::gelu_new", x, detail::gelu_tanh_fn{});
+  return detail::activation("haliax::nn::gelu_new", x, detail::gelu_tanh_fn{}, detail::gelu_tanh_grad_fn{});
 }
 
 /// x for x >= 0, negative_slope * x otherwise (upstream default slope 0.01); keeps every axis.
 ///   auto h = haliax::nn::leaky_relu(x, 0.2);   // {-1, 2} -> {-0.2, 2}
 template <FloatElement T, class Axes>
 named_array<T, Axes> leaky_relu(const named_array<T, Axes>& x, double negative_slope = 0.01) {
-  return detail::activation("haliax::nn::leaky_relu", x, detail::leaky_relu_fn{negative_slope});
+  return detail::activation("haliax::nn::leaky_relu", x, detail::leaky_relu_fn{negative_slope},
+                            detail::leaky_relu_grad_fn{negative_slope});
 }
 
 /// x for x > 0, alpha * (exp(x) - 1) otherwise; keeps every axis.
 ///   auto h = haliax::nn::elu(x);   // {-inf, 2} -> {-1, 2}
 template <FloatElement T, class Axes>
 named_array<T, Axes> elu(const named_array<T, Axes>& x, double alpha = 1.0) {
-  return detail::activation("haliax::nn::elu", x, detail::elu_fn{alpha});
+  return detail::activation("haliax::nn::elu", x, detail::elu_fn{alpha}, detail::elu_grad_fn{alpha});
 }
 
 /// max(x, 0) + alpha * expm1(min(x, 0) / alpha); keeps every axis.
 ///   auto h = haliax::nn::celu(x, 1.0);   // == elu(x) for alpha 1
 template <FloatElement T, class Axes>
 named_array<T, Axes> celu(const named_array<T, Axes>& x, double alpha = 1.0) {
-  return detail::activation("haliax::nn::celu", x, detail::celu_fn{alpha});
+  return detail::activation("haliax::nn::celu", x, detail::celu_fn{alpha}, detail::celu_grad_fn{alpha});
 }
 
 /// Scaled ELU with the self-normalising constants (scale 1.0507..., alpha 1.6733...); keeps every axis.
 ///   auto h = haliax::nn::selu(x);   // {1} -> {1.0507}
 template <FloatElement T, class Axes>
 named_array<T, Axes> selu(const named_array<T, Axes>& x) {
-  return detail::activation("haliax::nn::selu", x, detail::selu_fn{});
+  return detail::activation("haliax::nn::selu", x, detail::selu_fn{}, detail::selu_grad_fn{});
 }
 
 /// Re-exported so that model code can write every activation as `nn::...`.
@@ -1357,7 +1871,7 @@ using haliax::tanh;
 
 /// Gated linear unit along `axis` (upstream `glu(x, axis)`): splits `axis` into a first half a and a second
 /// half b and returns a * sigmoid(b). The result keeps every axis, with `axis` at half its size; an odd
-/// size throws `shape_error`.
+/// size throws `shape_error`. Gradient: g * sigmoid(b) to a and g * a * sigmoid(b) * (1 - sigmoid(b)) to b.
 ///   auto h = haliax::nn::glu(x, Mlp);   // {batch, mlp=8} -> {batch, mlp=4}
 ///   // h[.., i] = x[.., i] * sigmoid(x[.., i + 4])
 template <FloatElement T, class Axes, AxisOf<Axes> A>
@@ -1385,6 +1899,30 @@ named_array<T, Axes> glu(const named_array<T, Axes>& x, A axis) {
           detail::st(q, i, av * detail::sigmoid_v(detail::ld(b, i)));
         }
       });
+  if (haliax::detail::ad::any_tracked(x))
+    haliax::detail::ad::record(
+        r,
+        [xs = detail::untracked(x), h, inner, outer = sp.outer](const named_array<T, Axes>& g, auto) {
+          auto dx = named_array<T, Axes>::allocate(xs.sizes(), "haliax::nn::glu_grad");
+          const T* in = xs.data();
+          const T* pg = g.data();
+          T* out = dx.data();
+          Kokkos::parallel_for(
+              "haliax::nn::glu_grad", Kokkos::RangePolicy<execution_space>(0, outer * h),
+              KOKKOS_LAMBDA(std::int64_t w) {
+                const std::int64_t o = w / h, j = w - o * h;
+                const std::int64_t ia = (o * 2 * h + j) * inner, ib = ia + h * inner;
+                const T* gq = pg + w * inner;
+                for (std::int64_t i = 0; i < inner; ++i) {
+                  const V gv = detail::ld(gq, i), av = detail::ld(in + ia, i);
+                  const V s = detail::sigmoid_v(detail::ld(in + ib, i));
+                  detail::st(out + ia, i, gv * s);
+                  detail::st(out + ib, i, gv * av * s * (V(1) - s));
+                }
+              });
+          return std::tuple{dx};
+        },
+        x);
   return r;
 }
 

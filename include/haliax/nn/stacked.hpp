@@ -143,7 +143,7 @@ struct Stacked {
   }
 
   /// Every layer as a module of views into the stacked buffers (no copies). While a gradient is taken, each
-  /// view's gradient flows into its slice of the stacked parameter's gradient.
+  /// view's gradient is added into its slice of the stacked parameter's gradient as soon as it is produced.
   std::vector<layer_type> unstack() const {
     const std::int64_t n = num_layers();
     std::vector<layer_type> layers(static_cast<std::size_t>(n < 0 ? 0 : n));
@@ -167,7 +167,7 @@ struct Stacked {
                                                                                      static_cast<std::size_t>((i + 1) * per)));
         LL view(v, ls);
         if (gather) {
-          haliax::detail::ad::record_custom(view, [gather, i, per](const LL& g) {
+          haliax::detail::ad::make_sink(view, [gather, i, per](const LL& g) {
             const auto& acc = gather->ensure_grad();
             T* dst = acc.data() + i * per;
             const T* src = g.data();

@@ -9,6 +9,12 @@
 // Every dot is one GEMM per batch element, fed without copies when the operands are already laid out as
 // [batch..., M..., K...] or [batch..., K..., M...] (and likewise for b); otherwise an operand is permuted
 // into that layout first.
+//
+// Gradient (float types): a's is dot(g, b) contracted over b's kept axes, b's is dot(a, g) contracted over a's
+// kept axes, each produced directly in its operand's axis order. They reuse the operands as the forward laid
+// them out for the GEMM (so an operand the forward had to permute keeps its permuted copy until backward, and
+// only when the other operand needs a gradient), and each backward dot takes its operands in whichever order
+// needs the fewest copies: with the usual layouts both are plain GEMMs with transpose flags, no copy at all.
 #pragma once
 
 #include <type_traits>
@@ -76,6 +82,17 @@ named_array<T, to_axes<To>> as_layout(const named_array<T, Ax>& x) {
   }
 }
 
+/// Copies a `dot<R>` of operands with axes LP, LQ contracted over LC makes: operand permutes plus the final
+/// reordering of the output.
+template <class R, class LP, class LQ, class LC>
+inline constexpr int dot_copies = [] {
+  using L = dot_layout<LP, LQ, LC>;
+  return int(!L::a_as_is) + int(!L::b_as_is) + int(!std::is_same_v<typename L::canonical, R>);
+}();
+
+template <class R, class T, class AxP, class AxQ, class... C>
+named_array<T, R> dot_into(const named_array<T, AxP>& p, const named_array<T, AxQ>& q, mp::mp_list<C...>);
+
 template <class Default, class Out>
 struct dot_out_order {
   using type = resolve_order<Default, to_list<Out>>;
@@ -89,7 +106,8 @@ struct dot_out_order<Default, void> {
 
 /// Contracts `c...` between `a` and `b`, batching over their other shared axes and keeping the rest.
 /// `Out` (optional) is the output order, a full list or a partial one with `ellipsis`.
-/// `dot(x {batch, embed}, w {embed, mlp}, Embed)` -> {batch, mlp}.
+/// `dot(x {batch, embed}, w {embed, mlp}, Embed)` -> {batch, mlp}. Gradient (float types): g . b to a and
+/// a . g to b, contracted over the other operand's kept axes (see above).
 template <class Out = void, class T, class AxA, class AxB, class... C>
 requires NumericElement<T> && DotContractible<AxA, AxB, C...> &&(
     std::is_void_v<Out> ||
@@ -125,7 +143,37 @@ requires NumericElement<T> && DotContractible<AxA, AxB, C...> &&(
   detail::gemm_batched<T>(L::a_as_is && L::a_trans, L::b_as_is && L::b_trans, batch, m, n, k, pa, pb, pc);
 
   using out_list = typename detail::dot_out_order<typename L::default_out, Out>::type;
-  return detail::as_layout<out_list>(result);
+  auto out = detail::as_layout<out_list>(result);
+  if constexpr (FloatElement<T>) {
+    if (detail::ad::any_tracked(a, b))
+      detail::ad::record(
+          out,
+          [ap = detail::ad::tracked(b) ? ap : decltype(ap){}, bp = detail::ad::tracked(a) ? bp : decltype(bp){}](
+              const auto& g, auto needs) {
+            named_array<T, AxA> ga;
+            named_array<T, AxB> gb;
+            // da = g . b over n (b's kept axes); db = a . g over m (a's kept axes)
+            if (needs[0]) ga = detail::dot_into<AxA>(g, bp, typename L::n{});
+            if (needs[1]) gb = detail::dot_into<AxB>(ap, g, typename L::m{});
+            return std::tuple{ga, gb};
+          },
+          a, b);
+  }
+  return out;
 }
+
+namespace detail {
+/// `dot<R>(p, q, C...)` (C... the tags of list LC), taking p and q in the order that needs fewer copies.
+template <class R, class T, class AxP, class AxQ, class... C>
+named_array<T, R> dot_into(const named_array<T, AxP>& p, const named_array<T, AxQ>& q, mp::mp_list<C...>) {
+  using LR = to_list<R>;
+  using LC = mp::mp_list<C...>;
+  if constexpr (dot_copies<LR, to_list<AxQ>, to_list<AxP>, LC> < dot_copies<LR, to_list<AxP>, to_list<AxQ>, LC>) {
+    return dot<R>(q, p, C{}...);
+  } else {
+    return dot<R>(p, q, C{}...);
+  }
+}
+}  // namespace detail
 
 }  // namespace haliax

@@ -11,6 +11,11 @@
 // with a `dslice` reads zeros outside the axis (gather mode "fill"), `slice` and `updated_slice` clamp their
 // start (`lax.dynamic_slice` / `dynamic_update_slice`), `take` clamps indices by default (gather mode "clip").
 // Results of `index`/`slice` share x's buffer when the part is contiguous in it (see layout.hpp).
+//
+// Gradients (see autodiff.hpp), for float arrays: `index`/`slice` put g back at the positions read (zeros
+// elsewhere); `take` scatter-adds g into zeros at the gathered positions (deterministic: every element of the
+// gradient sums its contributions serially in index order); `updated_slice` gives x the gradient outside the
+// written region and the update the gradient inside it.
 #pragma once
 
 #include <algorithm>
@@ -125,9 +130,34 @@ concept SubAxesOf = AxisList<AxU> && AxisList<Axes> &&
 // ---------------------------------------------------------------------------------------------------------
 // index / slice
 
+namespace detail::indexing {
+/// `slice` with the result labelled R (x's axes, the sliced one maybe renamed).
+template <class R, class Ax, class T, class Axes>
+named_array<T, R> slice_as(const named_array<T, Axes>& x, std::int64_t start, std::int64_t length) {
+  constexpr std::size_t k = axis_pos<Ax, Axes>;
+  const std::int64_t n = x.sizes()[k];
+  if (length < 0 || length > n)
+    throw shape_error("haliax::slice: length " + std::to_string(length) + " does not fit axis '" +
+                      std::string(std::remove_cvref_t<Ax>::name) + "' of size " + std::to_string(n) + " in " +
+                      x.shape_string());
+  const std::int64_t s = std::clamp<std::int64_t>(start, 0, n - length);
+  auto rs = x.sizes();
+  rs[k] = length;
+  named_array<T, R> r(layout::slab<T>("haliax::slice", x.view(), x.sizes(), k, s, length), rs);
+  layout::record_grad(
+      r,
+      [xs = x.sizes(), s, length](const named_array<T, R>& g, auto) {
+        return std::tuple{layout::unslab<Axes>("haliax::slice_grad", g.data(), xs, k, s, length)};
+      },
+      x);
+  return r;
+}
+}  // namespace detail::indexing
+
 /// `x` at position `i` of axis `Ax`, which is dropped (upstream `x[{"pos": i}]`). A negative `i` counts from
 /// the end (numpy); outside [-n, n) throws `shape_error` naming the axis and its size. Shares x's buffer when
-/// the slice is contiguous in it (e.g. Ax is the leading axis), else copies.
+/// the slice is contiguous in it (e.g. Ax is the leading axis), else copies. Gradient: g at position i, zeros
+/// elsewhere.
 ///   auto row = index(x, Pos, 3);     // {batch, position, embed} -> {batch, embed}
 ///   auto last = index(x, Pos, -1);
 template <class T, class Axes, AxisTag Ax>
@@ -142,12 +172,19 @@ requires AxisOf<Ax, Axes> named_array<T, detail::layout::without_axis<Axes, Ax>>
   std::array<std::int64_t, R::rank> rs{};
   for (std::size_t d = 0, e = 0; d < Axes::rank; ++d)
     if (d != k) rs[e++] = x.sizes()[d];
-  return {layout::slab<T>("haliax::index", x.view(), x.sizes(), k, j, 1), rs};
+  named_array<T, R> r(layout::slab<T>("haliax::index", x.view(), x.sizes(), k, j, 1), rs);
+  layout::record_grad(
+      r,
+      [xs = x.sizes(), j](const named_array<T, R>& g, auto) {
+        return std::tuple{layout::unslab<Axes>("haliax::index_grad", g.data(), xs, k, j, 1)};
+      },
+      x);
+  return r;
 }
 
 /// `x` at positions [start, start + length) of axis `Ax`, which keeps its name with size `length` (upstream
 /// `x[{"pos": dslice(start, length)}]`). Positions outside the axis read zero (upstream gather mode "fill");
-/// a negative length throws `shape_error`.
+/// a negative length throws `shape_error`. Gradient: g at the positions inside the axis, zeros elsewhere.
 ///   auto w = index(x, Pos, dslice{8, 4});    // position: 8..11
 ///   auto b = index(x, Pos, dblock(2, 16));   // position: 32..47
 template <class T, class Axes, AxisTag Ax>
@@ -162,38 +199,38 @@ requires AxisOf<Ax, Axes> named_array<T, Axes> index(const named_array<T, Axes>&
   rs[k] = d.length;
   const std::int64_t lo = std::clamp<std::int64_t>(d.start, 0, n);
   const std::int64_t hi = std::clamp<std::int64_t>(d.start + d.length, 0, n);
-  if (lo == d.start && hi == d.start + d.length)  // entirely inside: a plain slab
-    return {layout::slab<T>("haliax::index", x.view(), x.sizes(), k, d.start, d.length), rs};
-  auto r = named_array<T, Axes>::allocate(rs, "haliax::index");
-  fill(r, from_double<T>(0.0));
-  if (hi > lo) {
-    const std::int64_t outer = layout::product(x.sizes(), 0, k);
-    const std::int64_t inner = layout::product(x.sizes(), k + 1, Axes::rank);
-    layout::copy_rows<T>("haliax::index", r.data() + (lo - d.start) * inner, d.length * inner, x.data() + lo * inner,
-                         n * inner, outer, (hi - lo) * inner);
+  named_array<T, Axes> r;
+  if (lo == d.start && hi == d.start + d.length) {  // entirely inside: a plain slab
+    r = named_array<T, Axes>(layout::slab<T>("haliax::index", x.view(), x.sizes(), k, d.start, d.length), rs);
+  } else {
+    r = named_array<T, Axes>::allocate(rs, "haliax::index");
+    fill(r, from_double<T>(0.0));
+    if (hi > lo) {
+      const std::int64_t outer = layout::product(x.sizes(), 0, k);
+      const std::int64_t inner = layout::product(x.sizes(), k + 1, Axes::rank);
+      layout::copy_rows<T>("haliax::index", r.data() + (lo - d.start) * inner, d.length * inner,
+                           x.data() + lo * inner, n * inner, outer, (hi - lo) * inner);
+    }
   }
+  layout::record_grad(
+      r,
+      [xs = x.sizes(), d](const named_array<T, Axes>& g, auto) {
+        return std::tuple{layout::unslab<Axes>("haliax::index_grad", g.data(), xs, k, d.start, d.length)};
+      },
+      x);
   return r;
 }
 
 /// `length` consecutive positions of axis `Ax` from `start`; the axis keeps its name with size `length`
 /// (upstream `slice(x, axis, start=, length=)`, i.e. `lax.dynamic_slice_in_dim`). As in JAX the start is
 /// clamped into [0, n - length], so the result is always `length` real elements; a length outside [0, n]
-/// throws `shape_error`. Shares x's buffer when the slice is contiguous in it, else copies.
+/// throws `shape_error`. Shares x's buffer when the slice is contiguous in it, else copies. Gradient: g at the
+/// positions read, zeros elsewhere.
 ///   auto w = slice(x, Pos, 16, 32);   // {batch, position=128} -> {batch, position=32}, positions 16..47
 template <class T, class Axes, AxisTag Ax>
 requires AxisOf<Ax, Axes> named_array<T, Axes> slice(const named_array<T, Axes>& x, Ax, std::int64_t start,
                                                      std::int64_t length) {
-  using namespace detail;
-  constexpr std::size_t k = indexing::axis_pos<Ax, Axes>;
-  const std::int64_t n = x.sizes()[k];
-  if (length < 0 || length > n)
-    throw shape_error("haliax::slice: length " + std::to_string(length) + " does not fit axis '" +
-                      std::string(std::remove_cvref_t<Ax>::name) + "' of size " + std::to_string(n) + " in " +
-                      x.shape_string());
-  const std::int64_t s = std::clamp<std::int64_t>(start, 0, n - length);
-  auto rs = x.sizes();
-  rs[k] = length;
-  return {layout::slab<T>("haliax::slice", x.view(), x.sizes(), k, s, length), rs};
+  return detail::indexing::slice_as<Axes, Ax>(x, start, length);
 }
 
 /// `slice(x, Ax, New, start, length)`: the same, with the sliced axis renamed to `New` (upstream
@@ -201,9 +238,8 @@ requires AxisOf<Ax, Axes> named_array<T, Axes> slice(const named_array<T, Axes>&
 ///   auto k = slice(x, Pos, KPos, 0, t);   // {position=128, embed} -> {key_position=t, embed}
 template <class T, class Axes, AxisTag Ax, AxisTag New>
 requires AxisOf<Ax, Axes> && ReplacementFor<New, Ax, Axes> named_array<T, detail::layout::replaced_axis<Axes, Ax, New>>
-slice(const named_array<T, Axes>& x, Ax a, New, std::int64_t start, std::int64_t length) {
-  auto r = slice(x, a, start, length);
-  return {r.view(), r.sizes()};
+slice(const named_array<T, Axes>& x, Ax, New, std::int64_t start, std::int64_t length) {
+  return detail::indexing::slice_as<detail::layout::replaced_axis<Axes, Ax, New>, Ax>(x, start, length);
 }
 
 /// `slice(x, Ax, start, n * New)`: the same, with the new axis and its size given together (upstream
@@ -218,12 +254,108 @@ slice(const named_array<T, Axes>& x, Ax a, std::int64_t start, sized_axis<New> l
 // ---------------------------------------------------------------------------------------------------------
 // take
 
+namespace detail::indexing {
+/// The gradient of `take` for x (axes AxX, sizes xs, taken along dim k): g (the result's layout: x's dims
+/// before k, then `nf` index dims, then x's dims after k) scatter-added into zeros at the gathered positions.
+/// `si` holds the index array's stride along each result dim (0 where it lacks the dim). Indices out of range
+/// add into the clamped position (`clip`) or nowhere (`fill`), as JAX's gather gradients do.
+///
+/// Deterministic: the work is split by the positions of x outside dim k (x's dims before k, and blocks of the
+/// contiguous dims after it), so each gradient element has one owner, which adds its contributions serially
+/// in the order of the index dims. Accumulates in float for bf16.
+template <class AxX, class T, class AxR>
+named_array<T, AxX> take_grad(const named_array<T, AxR>& g, const std::int32_t* idx,
+                              const std::array<std::int64_t, AxX::rank>& xs, std::size_t k,
+                              const std::array<std::int64_t, AxR::rank>& si, bool clip) {
+  using A = compute_t<T>;
+  constexpr std::size_t N = AxX::rank, NR = AxR::rank;
+  constexpr std::size_t nf = NR + 1 - N;
+  auto acc = named_array<A, AxX>::allocate(xs, "haliax::take_grad");
+  fill(acc, A(0));
+  const std::int64_t outer = layout::product(xs, 0, k);
+  const std::int64_t inner = layout::product(xs, k + 1, N);
+  const std::int64_t n = xs[k];
+  const std::int64_t nfresh = layout::product(g.sizes(), k, k + nf);
+  if (acc.element_count() > 0 && g.element_count() > 0) {
+    struct dims_t {
+      int nb = 0, nf = 0, na = 0;
+      std::int64_t ext[max_rank]{}, str[max_rank]{};  // result extents and index strides: before, fresh, after
+      bool after_dep = false;                          // the index varies along the dims after k
+    } p;
+    p.nb = static_cast<int>(k);
+    p.nf = static_cast<int>(nf);
+    p.na = static_cast<int>(NR - k - nf);
+    for (std::size_t d = 0; d < NR; ++d) {
+      p.ext[d] = g.sizes()[d];
+      p.str[d] = si[d];
+      if (d >= k + nf && si[d] != 0 && g.sizes()[d] > 1) p.after_dep = true;
+    }
+    // Blocks of the contiguous dims after k: enough tasks to spread, at least 64 elements each. The split
+    // changes no element's arithmetic.
+    std::int64_t per_row = std::min<std::int64_t>((inner + 63) / 64, (256 + outer - 1) / outer);
+    per_row = per_row < 1 ? 1 : per_row;
+    const std::int64_t block = (inner + per_row - 1) / per_row;
+    per_row = (inner + block - 1) / block;
+    const dims_t q = p;
+    const T* pg = g.data();
+    A* pa = acc.data();
+    Kokkos::parallel_for(
+        "haliax::take_grad", Kokkos::RangePolicy<execution_space>(0, outer * per_row), KOKKOS_LAMBDA(std::int64_t t) {
+          const std::int64_t ob = t / per_row;
+          const std::int64_t a0 = (t - ob * per_row) * block;
+          const std::int64_t a1 = a0 + block < inner ? a0 + block : inner;
+          // the index array's offset for linear position `lin` over result dims [first, first + count)
+          auto offset = [&](std::int64_t lin, int first, int count) {
+            std::int64_t off = 0;
+            for (int d = first + count - 1; d >= first; --d) {
+              off += (lin % q.ext[d]) * q.str[d];
+              lin /= q.ext[d];
+            }
+            return off;
+          };
+          const std::int64_t ib = offset(ob, 0, q.nb);
+          const T* gb = pg + ob * nfresh * inner;
+          A* xb = pa + ob * n * inner;
+          for (std::int64_t f = 0; f < nfresh; ++f) {
+            const std::int64_t ibf = ib + offset(f, q.nb, q.nf);
+            const T* src = gb + f * inner;
+            if (!q.after_dep) {
+              std::int64_t j = idx[ibf];
+              if (j < 0 || j >= n) {
+                if (!clip) continue;
+                j = j < 0 ? 0 : n - 1;
+              }
+              A* dst = xb + j * inner;
+              for (std::int64_t a = a0; a < a1; ++a) dst[a] += static_cast<A>(src[a]);
+            } else {
+              for (std::int64_t a = a0; a < a1; ++a) {
+                std::int64_t j = idx[ibf + offset(a, q.nb + q.nf, q.na)];
+                if (j < 0 || j >= n) {
+                  if (!clip) continue;
+                  j = j < 0 ? 0 : n - 1;
+                }
+                xb[j * inner + a] += static_cast<A>(src[a]);
+              }
+            }
+          }
+        });
+  }
+  if constexpr (std::is_same_v<A, T>) {
+    return acc;
+  } else {
+    return astype<T>(acc);
+  }
+}
+}  // namespace detail::indexing
+
 /// Gathers along `Ax` by an index array (upstream `take(x, axis, idx)`): the result is x with `Ax` replaced,
 /// in place, by the axes of `idx` that x does not have; out[..., i..., ...] = x[..., idx[i...], ...].
 /// Axes that `idx` shares with x (other than Ax) are matched, not repeated: a batched gather (upstream
 /// `take_along_axis` behaviour); their sizes must agree (else `shape_error` naming both shapes).
 /// Out-of-range indices: with `gather_mode::clip` (the default) they are clamped into [0, n) (JAX gather mode
 /// "clip"; negative indices do *not* count from the end); with `gather_mode::fill` they read `fill_value`.
+/// Gradient (for x): g scatter-added into zeros at the gathered positions, repeated indices accumulating;
+/// clipped indices add into the clamped position, filled ones add nowhere.
 ///   auto e = take(table, Vocab, ids);          // {vocab, embed} x {batch, position} -> {batch, position, embed}
 ///   auto p = take(logits, Vocab, targets);     // {batch, position, vocab} x {batch, position} -> {batch, position}
 template <class T, class Axes, AxisTag Ax, class AxI>
@@ -299,6 +431,12 @@ auto take(const named_array<T, Axes>& x, Ax, const named_array<std::int32_t, AxI
           po[off[0] + j * s[0]] = px[off[1] + j * s[1] + t * ax_stride];
         }
       });
+  layout::record_grad(
+      r,
+      [idx, xs = x.sizes(), si, clip](const named_array<T, R>& g, auto) {
+        return std::tuple{indexing::take_grad<Axes>(g, idx.data(), xs, k, si, clip)};
+      },
+      x);
   return r;
 }
 
@@ -317,11 +455,25 @@ auto take(const named_array<T, Axes>& x, Ax a, std::int64_t i) { return index(x,
 // ---------------------------------------------------------------------------------------------------------
 // updated_slice
 
+namespace detail::indexing {
+/// Zeroes the strided block p[sum_d i_d * strides[d]] for i_d in [0, ext[d]).
+template <class T>
+void zero_strided(T* p, int rank, const std::int64_t* strides, const std::int64_t* ext) {
+  const std::int64_t* st[1] = {strides};
+  auto plan = make_plan<1>(rank, ext, st);
+  nd_for_each<1>(
+      "haliax::zero_block", plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
+        for (std::int64_t j = 0; j < n; ++j) p[off[0] + j * s[0]] = T(0);
+      });
+}
+}  // namespace detail::indexing
+
 /// A copy of `x` with `update` written into it from the given start positions (upstream
 /// `updated_slice(x, {axis: start, ...}, update)`, i.e. `lax.dynamic_update_slice`). `update`'s axes must be
 /// axes of x (any order); an axis of x that update lacks counts as size 1 there (the update is written at that
 /// axis's start). Axes not named in `starts` start at 0. Each update size must be at most x's (else
 /// `shape_error` naming both shapes); as in JAX each start is clamped into [0, n - update size].
+/// Gradient: x gets g with the written region zeroed; the update gets the region of g, in its own axis order.
 ///   auto c = updated_slice(cache, starts(Layer, l, Pos, t), kv);   // kv: {head, head_dim}
 ///   auto d = updated_slice(x, starts(Pos, 4), y);                   // y: {position=2, embed}
 template <class T, class Axes, class AxU, class... S>
@@ -358,6 +510,24 @@ requires SubAxesOf<AxU, Axes> && StartsOf<axis_starts<S...>, Axes> named_array<T
   for (std::size_t d = 0; d < N; ++d) offset += std::clamp<std::int64_t>(start[d], 0, x.sizes()[d] - ext[d]) * xs[d];
   copy_strided<T>("haliax::updated_slice", static_cast<int>(N), r.data() + offset, xs.data(), update.data(), src.data(),
                   ext.data());
+  layout::record_grad(
+      r,
+      [offset, xs, ext, src, us = update.sizes()](const named_array<T, Axes>& g, auto needs) {
+        named_array<T, Axes> gx;
+        named_array<T, AxU> gu;
+        if (needs[0]) {
+          gx = copy(g);
+          indexing::zero_strided(gx.data() + offset, static_cast<int>(N), xs.data(), ext.data());
+        }
+        if (needs[1]) {
+          gu = named_array<T, AxU>::allocate(us, "haliax::updated_slice_grad");
+          // the forward copy with source and destination swapped
+          copy_strided<T>("haliax::updated_slice_grad", static_cast<int>(N), gu.data(), src.data(), g.data() + offset,
+                          xs.data(), ext.data());
+        }
+        return std::tuple{gx, gu};
+      },
+      x, update);
   return r;
 }
 

@@ -12,8 +12,14 @@
 // an array along an axis (`split`, `unbind`, and `index`/`slice` in indexing.hpp) share it too when the part
 // is contiguous (every axis before the split axis has size 1, e.g. the leading axis); otherwise they copy.
 // Arrays are treated as values: no op writes into its inputs.
+//
+// Gradients (see autodiff.hpp): every op records its backward rule for float arrays, including the ones that
+// return views of x's buffer. Relabelling ops pass the gradient back relabelled (no copy); `rearrange` and
+// `roll` apply the inverse permutation; `concatenate`/`stack` hand each input its part of the gradient;
+// `split`/`unbind` assemble one gradient for x from the parts that were used (zeros elsewhere).
 #pragma once
 
+#include <algorithm>
 #include <boost/mp11/algorithm.hpp>
 #include <boost/mp11/list.hpp>
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "../core.hpp"
+#include "../detail/ad.hpp"
 #include "../detail/axis_algebra.hpp"
 #include "../detail/copy.hpp"
 #include "../detail/nd_loop.hpp"
@@ -148,6 +155,113 @@ std::string sized_list_string(const S&... s) {
   bool first = true;
   ((r += (first ? "" : ", "), r += std::string(S::axis_type::name) + "=" + std::to_string(s.size), first = false), ...);
   return r + "}";
+}
+
+// ---- gradient helpers -------------------------------------------------------------------------------
+
+/// a + b, in float for bf16.
+template <class T>
+KOKKOS_INLINE_FUNCTION T grad_add(T a, T b) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return bf16(static_cast<float>(a) + static_cast<float>(b));
+  } else {
+    return a + b;
+  }
+}
+
+/// `rows` rows of `width` contiguous elements: dst[r * dst_row + c] += src[r * src_row + c]. Every destination
+/// element is written by one thread (deterministic).
+template <class T>
+void add_rows(const char* label, T* dst, std::int64_t dst_row, const T* src, std::int64_t src_row, std::int64_t rows,
+              std::int64_t width) {
+  if (rows <= 0 || width <= 0) return;
+  const std::int64_t ext[2] = {rows, width};
+  const std::int64_t ds[2] = {dst_row, 1};
+  const std::int64_t ss[2] = {src_row, 1};
+  const std::int64_t* st[2] = {ds, ss};
+  auto plan = make_plan<2>(2, ext, st);
+  nd_for_each<2>(
+      label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
+        T* o = dst + off[0];
+        const T* in = src + off[1];
+        for (std::int64_t j = 0; j < n; ++j) o[j * s[0]] = grad_add(o[j * s[0]], in[j * s[1]]);
+      });
+}
+
+/// The gradient of a part along one axis: an array of sizes `s` (axes Axes) that is zero except at positions
+/// [start, start + len) of dim k (clipped to [0, s[k])), which hold the matching positions of `src`, a
+/// contiguous buffer in the same axis order with `len` positions along k. One pass, each element written once.
+template <class Axes, class T>
+named_array<T, Axes> unslab(const char* label, const T* src, const std::array<std::int64_t, Axes::rank>& s,
+                            std::size_t k, std::int64_t start, std::int64_t len) {
+  auto r = named_array<T, Axes>::allocate(s, label);
+  if (r.element_count() == 0) return r;
+  const std::int64_t n = s[k];
+  const std::int64_t inner = product(s, k + 1, Axes::rank);
+  const std::int64_t rows = product(s, 0, k);
+  const std::int64_t lo = std::clamp<std::int64_t>(start, 0, n), hi = std::clamp<std::int64_t>(start + len, 0, n);
+  const std::int64_t dst_w = n * inner, src_w = len * inner;
+  const std::int64_t c0 = lo * inner, c1 = hi * inner, shift = -start * inner;  // column c reads src column c + shift
+  constexpr std::int64_t block = 4096;
+  const std::int64_t nb = (dst_w + block - 1) / block;
+  T* po = r.data();
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, rows * nb), KOKKOS_LAMBDA(std::int64_t t) {
+        const std::int64_t row = t / nb;
+        const std::int64_t b0 = (t - row * nb) * block;
+        const std::int64_t b1 = b0 + block < dst_w ? b0 + block : dst_w;
+        const std::int64_t a = c0 < b0 ? b0 : (c0 > b1 ? b1 : c0);
+        const std::int64_t e = c1 < a ? a : (c1 > b1 ? b1 : c1);
+        T* o = po + row * dst_w;
+        const std::int64_t in = row * src_w + shift;
+        for (std::int64_t c = b0; c < a; ++c) o[c] = T(0);
+        for (std::int64_t c = a; c < e; ++c) o[c] = src[in + c];
+        for (std::int64_t c = e; c < b1; ++c) o[c] = T(0);
+      });
+  return r;
+}
+
+/// Adds `src` (a contiguous slab of `len` positions along dim k, in dst's axis order) into positions
+/// [start, start + len) of dim k of `dst`.
+template <class T, class Axes>
+void add_slab(const named_array<T, Axes>& dst, std::size_t k, std::int64_t start, std::int64_t len, const T* src) {
+  const auto& s = dst.sizes();
+  const std::int64_t inner = product(s, k + 1, Axes::rank);
+  add_rows<T>("haliax::grad_gather", dst.data() + start * inner, s[k] * inner, src, len * inner, product(s, 0, k),
+              len * inner);
+}
+
+/// Positions [start, start + bs[k]) of dim k of `g` (axes AxG), as an array with axes AxB (a permutation of
+/// AxG) and sizes `bs`: a view of g's buffer when the part is contiguous and in order, else one strided copy.
+template <class AxB, class T, class AxG>
+named_array<T, AxB> slab_as(const named_array<T, AxG>& g, std::size_t k, std::int64_t start,
+                            const std::array<std::int64_t, AxB::rank>& bs) {
+  if constexpr (std::is_same_v<AxB, AxG>) {
+    return named_array<T, AxB>(slab<T>("haliax::grad_part", g.view(), g.sizes(), k, start, bs[k]), bs);
+  } else {
+    auto r = named_array<T, AxB>::allocate(bs, "haliax::grad_part");
+    if (r.element_count() == 0) return r;
+    const auto gs = row_major_strides(g.sizes());
+    const auto dst = row_major_strides(bs);
+    const auto src = permuted_strides<AxB, AxG>(g.sizes());
+    copy_strided<T>("haliax::grad_part", static_cast<int>(AxB::rank), r.data(), dst.data(), g.data() + start * gs[k],
+                    src.data(), bs.data());
+    return r;
+  }
+}
+
+/// Records `bwd` for `out` when T is a float type and one of `in...` is tracked (see detail/ad.hpp).
+template <class T, class Axes, class Bwd, class... In>
+void record_grad(named_array<T, Axes>& out, Bwd bwd, const In&... in) {
+  if constexpr (FloatElement<T>) {
+    if (ad::any_tracked(in...)) ad::record(out, std::move(bwd), in...);
+  }
+}
+
+/// `g` (axes AxG) relabelled as axes AxX with sizes `s` (the same elements in the same order): no copy.
+template <class AxX, class T, class AxG>
+named_array<T, AxX> relabel(const named_array<T, AxG>& g, const std::array<std::int64_t, AxX::rank>& s) {
+  return named_array<T, AxX>(g.view(), s);
 }
 
 // ---- rename -----------------------------------------------------------------------------------------
@@ -274,6 +388,7 @@ using replaced_axis = to_axes<replace<to_list<Axes>, std::remove_cvref_t<Ax>, st
 /// `x` with its axes in the order `Order` (upstream `rearrange(x, axes)`): a permutation of x's axes, or a
 /// partial order with one `ellipsis` that keeps the unlisted axes in their original order there. Keeps every
 /// axis. Returns `x` itself (shared buffer) when the order is unchanged, otherwise a permuted copy.
+/// Gradient: g permuted back to x's order.
 ///   auto y = rearrange<axes<Embed, Batch>>(x);                  // {batch, embed} -> {embed, batch}
 ///   auto z = rearrange<axes<Batch, ellipsis, Embed>>(w);        // {pos, embed, batch} -> {batch, pos, embed}
 template <class Order, class T, class Axes>
@@ -285,6 +400,12 @@ requires ArrangementOf<Order, Axes> named_array<T, detail::layout::arranged_axes
   } else {
     auto r = detail::layout::permute_copy<R>("haliax::rearrange", x);
     r.set_sharding(x.sharding());
+    detail::layout::record_grad(
+        r,
+        [](const named_array<T, R>& g, auto) {
+          return std::tuple{detail::layout::permute_copy<Axes>("haliax::rearrange_grad", g)};
+        },
+        x);
     return r;
   }
 }
@@ -308,15 +429,20 @@ requires(sizeof...(A) > 0) && ArrangementOf<detail::to_axes<detail::mp::mp_list<
 // rename
 
 /// `x` with axis `Old` renamed to `New` (upstream `rename(x, {old: new})`); same buffer, no copy. `Old` must be
-/// an axis of x and `New` must not be (renaming an axis to itself is allowed).
+/// an axis of x and `New` must not be (renaming an axis to itself is allowed). Gradient: g renamed back.
 ///   auto k = rename(x, Pos, KPos);   // {batch, position, embed} -> {batch, key_position, embed}
 template <class T, class Axes, AxisTag Old, AxisTag New>
 requires AxisOf<Old, Axes> && ReplacementFor<New, Old, Axes>
     named_array<T, detail::layout::replaced_axis<Axes, Old, New>> rename(const named_array<T, Axes>& x, Old, New) {
   using namespace detail;
-  return {x.view(), x.sizes(),
-          layout::rename_sharding<mp::mp_list<std::remove_cvref_t<Old>>, mp::mp_list<std::remove_cvref_t<New>>>(
-              x.sharding())};
+  using R = layout::replaced_axis<Axes, Old, New>;
+  named_array<T, R> r(
+      x.view(), x.sizes(),
+      layout::rename_sharding<mp::mp_list<std::remove_cvref_t<Old>>, mp::mp_list<std::remove_cvref_t<New>>>(
+          x.sharding()));
+  layout::record_grad(
+      r, [](const named_array<T, R>& g, auto) { return std::tuple{layout::relabel<Axes>(g, g.sizes())}; }, x);
+  return r;
 }
 
 /// Several renames at once: `rename(x, Old1, New1, Old2, New2, ...)`, applied simultaneously (so
@@ -327,8 +453,10 @@ requires(sizeof...(P) >= 4) && RenamingOf<Axes, P...> auto rename(const named_ar
   using namespace detail;
   using pr = layout::pairs<std::remove_cvref_t<P>...>;
   using R = to_axes<layout::renamed<to_list<Axes>, typename pr::olds, typename pr::news>>;
-  return named_array<T, R>(x.view(), x.sizes(),
-                           layout::rename_sharding<typename pr::olds, typename pr::news>(x.sharding()));
+  named_array<T, R> r(x.view(), x.sizes(), layout::rename_sharding<typename pr::olds, typename pr::news>(x.sharding()));
+  layout::record_grad(
+      r, [](const named_array<T, R>& g, auto) { return std::tuple{layout::relabel<Axes>(g, g.sizes())}; }, x);
+  return r;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -338,7 +466,7 @@ requires(sizeof...(P) >= 4) && RenamingOf<Axes, P...> auto rename(const named_ar
 /// `flatten_axes(x, old_axes, new_axis)`). The new axis takes the place of the first of them in x's order;
 /// the others are dropped; the merged index runs row-major over `Old` in the order given there. The old axes
 /// need not be adjacent (the data is permuted then); when they already are, in that order, the buffer is
-/// shared.
+/// shared. Gradient: g unflattened (and permuted back when x was permuted).
 ///   auto f = flatten_axes<axes<Head, HeadDim>>(x, Embed);   // {batch, head, head_dim} -> {batch, embed}
 ///   auto g = flatten_axes<axes<Batch, Pos>>(y, Token);      // {batch, embed, position} -> {token, embed}
 template <class Old, class T, class Axes, AxisTag New>
@@ -355,11 +483,24 @@ auto flatten_axes(const named_array<T, Axes>& x, New) {
   for (std::size_t i = 0; i < k; ++i) rs[i] = sizes[i];
   rs[k] = layout::product(sizes, k, k + nold);
   for (std::size_t i = k + nold; i < Axes::rank; ++i) rs[i - nold + 1] = sizes[i];
+  named_array<T, R> r;
   if constexpr (std::is_same_v<I, Axes>) {
-    return named_array<T, R>(x.view(), rs);
+    r = named_array<T, R>(x.view(), rs);
   } else {
-    return named_array<T, R>(layout::permute_copy<I>("haliax::flatten_axes", x).view(), rs);
+    r = named_array<T, R>(layout::permute_copy<I>("haliax::flatten_axes", x).view(), rs);
   }
+  layout::record_grad(
+      r,
+      [sizes](const named_array<T, R>& g, auto) {
+        auto gi = layout::relabel<I>(g, sizes);
+        if constexpr (std::is_same_v<I, Axes>) {
+          return std::tuple{gi};
+        } else {
+          return std::tuple{layout::permute_copy<Axes>("haliax::flatten_axes_grad", gi)};
+        }
+      },
+      x);
+  return r;
 }
 
 /// `flatten_axes(x, axes<Head, HeadDim>{}, Embed)`: the same with the old axes passed as a value.
@@ -384,7 +525,7 @@ auto flatten_axes(const named_array<T, Axes>& x, sized_axis<New> n) {
 
 /// Splits axis `Ax` into the sized new axes `new_axes...`, in place (upstream `unflatten_axis`); the product
 /// of their sizes must equal Ax's size (else `shape_error` naming both). Row-major: the last new axis varies
-/// fastest. Same buffer, no copy. With no new axes it removes an axis of size 1.
+/// fastest. Same buffer, no copy. With no new axes it removes an axis of size 1. Gradient: g flattened back.
 ///   auto h = unflatten_axis(x, Embed, 12 * Head, 64 * HeadDim);   // {batch, embed} -> {batch, head, head_dim}
 ///   auto s = unflatten_axis(y, One);                              // drops the size-1 axis One
 template <class T, class Axes, AxisTag Ax, SizedAxis... S>
@@ -406,15 +547,33 @@ auto unflatten_axis(const named_array<T, Axes>& x, Ax, S... new_axes) {
   for (std::size_t i = 0; i < k; ++i) rs[i] = x.sizes()[i];
   for (std::size_t i = 0; i < m; ++i) rs[k + i] = ns[i];
   for (std::size_t i = k + 1; i < Axes::rank; ++i) rs[i - 1 + m] = x.sizes()[i];
-  return named_array<T, R>(x.view(), rs);
+  named_array<T, R> r(x.view(), rs);
+  layout::record_grad(
+      r, [xs = x.sizes()](const named_array<T, R>& g, auto) { return std::tuple{layout::relabel<Axes>(g, xs)}; }, x);
+  return r;
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // split / unbind
 
+namespace detail::layout {
+/// Records `part`, the positions [start, start + len) of dim k of a tracked array whose gradient `gn`
+/// assembles (len defaults to the part's size along k), and advances `start` past it.
+template <class T, class AxP, class AxX>
+void record_part(named_array<T, AxP>& part, const std::shared_ptr<ad::gather_node<T, AxX>>& gn, std::size_t k,
+                 std::int64_t& start, std::int64_t len = -1) {
+  if (len < 0) len = part.sizes()[k];
+  ad::record_custom(part, [gn, k, s0 = start, len](const named_array<T, AxP>& g) {
+    add_slab(gn->ensure_grad(), k, s0, len, g.data());
+  });
+  start += len;
+}
+}  // namespace detail::layout
+
 /// Splits `x` along `Ax` into consecutive pieces, one per sized new axis (upstream `split(x, axis, new_axes)`):
 /// piece i has Ax replaced (in place) by new axis i with its size. The sizes must add up to Ax's size (else
 /// `shape_error`). Returns a `std::tuple`. Pieces share x's buffer when contiguous in it, else are copies.
+/// Gradient: x receives one gradient assembled from the pieces' (zeros where a piece is unused).
 ///   auto [q, k] = split(x, Embed, 64 * QDim, 64 * KDim);   // {pos, embed=128} -> {pos, q_dim}, {pos, k_dim}
 template <class T, class Axes, AxisTag Ax, SizedAxis... S>
 requires(sizeof...(S) > 0) && AxisOf<Ax, Axes> &&
@@ -439,12 +598,20 @@ requires(sizeof...(S) > 0) && AxisOf<Ax, Axes> &&
     return named_array<T, R>(std::move(v), s);
   };
   // Braced init evaluates left to right, so the pieces get consecutive starts.
-  return std::tuple{piece(pieces)...};
+  auto out = std::tuple{piece(pieces)...};
+  if constexpr (FloatElement<T>) {
+    if (ad::tracked(x)) {
+      auto gn = ad::make_gather(x);
+      std::int64_t s0 = 0;
+      std::apply([&](auto&... p) { (layout::record_part(p, gn, k, s0), ...); }, out);
+    }
+  }
+  return out;
 }
 
 /// Splits `x` along `Ax` into pieces of the given sizes, each keeping the axis name (useful for fused
 /// q/k/v projections). The sizes must add up to Ax's size (else `shape_error`). Pieces share x's buffer when
-/// contiguous in it, else are copies.
+/// contiguous in it, else are copies. Gradient as for the other `split`.
 ///   auto parts = split(qkv, Embed, {768, 768, 768});   // three {pos, embed=768} from {pos, embed=2304}
 template <class T, class Axes, AxisTag Ax>
 requires AxisOf<Ax, Axes> std::vector<named_array<T, Axes>> split(const named_array<T, Axes>& x, Ax,
@@ -472,11 +639,19 @@ requires AxisOf<Ax, Axes> std::vector<named_array<T, Axes>> split(const named_ar
     out.emplace_back(layout::slab<T>("haliax::split", x.view(), x.sizes(), k, start, n), s);
     start += n;
   }
+  if constexpr (FloatElement<T>) {
+    if (ad::tracked(x)) {
+      auto gn = ad::make_gather(x);
+      std::int64_t s0 = 0;
+      for (auto& p : out) layout::record_part(p, gn, k, s0);
+    }
+  }
   return out;
 }
 
 /// The slices of `x` along `Ax`, each without that axis (upstream `unbind`): element i is x at index i of Ax.
-/// Slices share x's buffer when contiguous in it (e.g. Ax leading), else are copies.
+/// Slices share x's buffer when contiguous in it (e.g. Ax leading), else are copies. Gradient: x receives one
+/// gradient assembled from the slices' (zeros where a slice is unused).
 ///   auto layers = unbind(w, Layers);   // {layers, embed, mlp} -> vector of {embed, mlp}
 template <class T, class Axes, AxisTag Ax>
 requires AxisOf<Ax, Axes> std::vector<named_array<T, detail::layout::without_axis<Axes, Ax>>> unbind(
@@ -492,6 +667,13 @@ requires AxisOf<Ax, Axes> std::vector<named_array<T, detail::layout::without_axi
   out.reserve(static_cast<std::size_t>(x.sizes()[k]));
   for (std::int64_t i = 0; i < x.sizes()[k]; ++i)
     out.emplace_back(layout::slab<T>("haliax::unbind", x.view(), x.sizes(), k, i, 1), rs);
+  if constexpr (FloatElement<T>) {
+    if (ad::tracked(x)) {
+      auto gn = ad::make_gather(x);
+      std::int64_t s0 = 0;
+      for (auto& p : out) layout::record_part(p, gn, k, s0, 1);
+    }
+  }
   return out;
 }
 
@@ -523,19 +705,35 @@ named_array<T, Axes> concatenate_impl(const named_array<T, Axes>& first, const n
   (check_and_add(rest), ...);
   auto r = named_array<T, Axes>::allocate(rs, "haliax::concatenate");
   std::int64_t start = 0;
+  std::array<std::int64_t, 1 + sizeof...(Rest)> starts{};
+  std::size_t i = 0;
   auto put = [&]<class AxB>(const named_array<T, AxB>& b) {
     place<Axes>("haliax::concatenate", r.data(), rs, k, start, b);
+    starts[i++] = start;
     start += b.sizes()[index_of_v<to_list<AxB>, Ax>];
   };
   put(first);
   (put(rest), ...);
+  // Gradient: each input gets its part of g, in its own axis order.
+  record_grad(
+      r,
+      [starts, sf = first.sizes(), sr = std::tuple{rest.sizes()...}](const named_array<T, Axes>& g, auto needs) {
+        return [&]<std::size_t... I>(std::index_sequence<I...>) {
+          auto part = [&]<class AxB>(std::size_t j, const std::array<std::int64_t, AxB::rank>& bs) {
+            return needs[j] ? slab_as<AxB>(g, k, starts[j], bs) : named_array<T, AxB>{};
+          };
+          return std::tuple{part.template operator()<Axes>(0, sf),
+                            part.template operator()<Rest>(I + 1, std::get<I>(sr))...};
+        }(std::index_sequence_for<Rest...>{});
+      },
+      first, rest...);
   return r;
 }
 }  // namespace detail::layout
 
 /// Joins arrays end to end along the existing axis `Ax` (upstream `concatenate(axis, arrays)`). All arrays
 /// must have the same axes (in any order; the result takes the first's order) and agree on every size but
-/// Ax's, which add up (else `shape_error` naming both shapes).
+/// Ax's, which add up (else `shape_error` naming both shapes). Gradient: each input gets its part of g.
 ///   auto c = concatenate(Pos, a, b);   // {pos=3, embed}, {embed, pos=5} -> {pos=8, embed}
 template <AxisTag Ax, class T, class Axes, class... Rest>
 requires AxisOf<Ax, Axes> &&
@@ -545,6 +743,7 @@ requires AxisOf<Ax, Axes> &&
 }
 
 /// `concatenate(Ax, std::vector<array>)`: the same over a run-time number of same-typed arrays (at least one).
+/// Gradient: each input gets its part of g (a view of g's buffer when contiguous there).
 ///   auto c = concatenate(Pos, chunks);
 template <AxisTag Ax, class T, class Axes>
 requires AxisOf<Ax, Axes> named_array<T, Axes> concatenate(Ax, const std::vector<named_array<T, Axes>>& arrays) {
@@ -563,11 +762,27 @@ requires AxisOf<Ax, Axes> named_array<T, Axes> concatenate(Ax, const std::vector
     layout::place<Axes>("haliax::concatenate", r.data(), rs, k, start, a);
     start += a.sizes()[k];
   }
+  if constexpr (FloatElement<T>) {
+    if (ad::recording()) {
+      // (node, start, sizes) of each tracked input
+      std::vector<std::tuple<ad::node_ptr<T, Axes>, std::int64_t, typename named_array<T, Axes>::shape_type>> parts;
+      start = 0;
+      for (const auto& a : arrays) {
+        if (ad::tracked(a)) parts.emplace_back(a.ad_node(), start, a.sizes());
+        start += a.sizes()[k];
+      }
+      if (!parts.empty())
+        ad::record_custom(r, [parts = std::move(parts)](const named_array<T, Axes>& g) {
+          for (const auto& [n, s0, bs] : parts) ad::accumulate(*n, layout::slab_as<Axes>(g, k, s0, bs));
+        });
+    }
+  }
   return r;
 }
 
 /// Stacks same-shaped arrays along a new leading axis `New` of size `arrays.size()` (upstream
-/// `stack(axis, arrays)`). All must agree on every size (else `shape_error`); at least one array.
+/// `stack(axis, arrays)`). All must agree on every size (else `shape_error`); at least one array. Gradient: array
+/// i gets g at position i of New (a view of g's buffer).
 ///   auto s = stack(Layers, blocks);   // n x {embed, mlp} -> {layers=n, embed, mlp}
 template <AxisTag New, class T, auto... A>
 requires NewAxisFor<New, axes<A...>> named_array<T, detail::layout::prepended<New, axes<A...>>> stack(
@@ -585,11 +800,24 @@ requires NewAxisFor<New, axes<A...>> named_array<T, detail::layout::prepended<Ne
   for (std::size_t i = 0; i < arrays.size(); ++i)
     detail::layout::copy_rows<T>("haliax::stack", r.data() + static_cast<std::int64_t>(i) * n, 0, arrays[i].data(), 0,
                                  1, n);
+  if constexpr (FloatElement<T>) {
+    namespace ad = detail::ad;
+    if (ad::recording()) {
+      std::vector<std::pair<ad::node_ptr<T, Axes>, std::int64_t>> parts;  // (node, position) of each tracked input
+      for (std::size_t i = 0; i < arrays.size(); ++i)
+        if (ad::tracked(arrays[i])) parts.emplace_back(arrays[i].ad_node(), static_cast<std::int64_t>(i));
+      if (!parts.empty())
+        ad::record_custom(r, [parts = std::move(parts), s = arrays[0].sizes(), n](const named_array<T, R>& g) {
+          for (const auto& [node, i] : parts)
+            ad::accumulate(*node, named_array<T, Axes>(detail::layout::subbuffer(g.view(), i * n, n), s));
+        });
+    }
+  }
   return r;
 }
 
 /// `stack(New, a, b, ...)`: the same over arrays that may list their axes in different orders (each is
-/// rearranged to the first's order, as upstream does).
+/// rearranged to the first's order, as upstream does). Gradient: each array gets g at its position, in its order.
 ///   auto s = stack(Layers, a, b);   // {embed, mlp}, {mlp, embed} -> {layers=2, embed, mlp}
 template <AxisTag New, class T, auto... A, class... Rest>
 requires NewAxisFor<New, axes<A...>> &&(SameAxesAs<Rest, axes<A...>>&&...)
@@ -610,6 +838,23 @@ requires NewAxisFor<New, axes<A...>> &&(SameAxesAs<Rest, axes<A...>>&&...)
   };
   put(first);
   (put(rest), ...);
+  detail::layout::record_grad(
+      r,
+      [s = first.sizes(), n](const named_array<T, R>& g, auto needs) {
+        return [&]<std::size_t... I>(std::index_sequence<I...>) {
+          auto part = [&]<class AxB>(std::size_t j) {
+            if (!needs[j]) return named_array<T, AxB>{};
+            named_array<T, Axes> gi(detail::layout::subbuffer(g.view(), static_cast<std::int64_t>(j) * n, n), s);
+            if constexpr (std::is_same_v<AxB, Axes>) {
+              return gi;
+            } else {
+              return detail::layout::permute_copy<AxB>("haliax::stack_grad", gi);
+            }
+          };
+          return std::tuple{part.template operator()<Axes>(0), part.template operator()<Rest>(I + 1)...};
+        }(std::index_sequence_for<Rest...>{});
+      },
+      first, rest...);
   return r;
 }
 
@@ -617,7 +862,7 @@ requires NewAxisFor<New, axes<A...>> &&(SameAxesAs<Rest, axes<A...>>&&...)
 // roll
 
 /// Rotates `x` by `shift` positions along `Ax` (numpy/upstream `roll`): out[(i + shift) mod n] = x[i];
-/// negative shifts rotate the other way. Keeps every axis; returns a new array.
+/// negative shifts rotate the other way. Keeps every axis; returns a new array. Gradient: g rolled back.
 ///   auto r = roll(x, 1, Pos);    // pos [a b c d] -> [d a b c]
 ///   auto l = roll(x, -1, Pos);   // pos [a b c d] -> [b c d a]
 template <class T, class Axes, AxisTag Ax>
@@ -633,6 +878,8 @@ requires AxisOf<Ax, Axes> named_array<T, Axes> roll(const named_array<T, Axes>& 
   // x[0, n - s) -> r[s, n) and x[n - s, n) -> r[0, s), each a block of rows.
   layout::copy_rows<T>("haliax::roll", r.data() + s * inner, n * inner, x.data(), n * inner, outer, (n - s) * inner);
   layout::copy_rows<T>("haliax::roll", r.data(), n * inner, x.data() + (n - s) * inner, n * inner, outer, s * inner);
+  layout::record_grad(
+      r, [back = n - s](const named_array<T, Axes>& g, auto) { return std::tuple{roll(g, back, Ax{})}; }, x);
   return r;
 }
 

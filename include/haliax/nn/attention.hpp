@@ -1,0 +1,930 @@
+// haliax/nn/attention.hpp: attention masks and scaled dot-product attention (upstream `haliax.nn.attention`),
+// plus a blocked ("flash") causal attention that never materialises the score matrix.
+//
+//   auto mask = causal_mask(q.sized(Pos), k.sized(KPos)) && segment_mask(seg_ids, Pos, KPos);
+//   auto y  = haliax::nn::dot_product_attention(q, k, v, KPos, Key, mask);    // plain: scores in memory
+//   auto y2 = haliax::nn::flash_attention(q, k, v, Pos, KPos, Key, seg_ids, rename(seg_ids, Pos, KPos));
+//
+// Axes. The query `q` has the query position axis (Pos) and the head axis `Key`; the key `k` has the key
+// position axis (KPos, a different name, as upstream's `Pos.alias("key_position")`) and `Key`; the value `v`
+// has KPos and its own head axes (often `Key` again). Every other axis (batch, heads) is a batch axis. The
+// result has q's axes with `Key` replaced by v's head axes: {batch, pos, head, key} for the usual layout.
+//
+// Masks are bool arrays, true where a query may attend to a key. They combine with `&&` (or
+// `combine_masks_and`) and broadcast by name against the scores, so an explicit mask may have any subset of
+// the score axes ({pos, key_position}, {batch, pos, key_position}, ...).
+//
+// `dot_product_attention` is written on haliax ops (`*`, `dot`, `where`, `softmax`), so its gradient is the
+// composition of theirs; it keeps the scores ([batch, head, pos, key_position]) and the weights for backward.
+// `flash_attention` computes the same function block by block with an online softmax (running max and sum per
+// query row) and records one autodiff node with its own backward, which recomputes the score tiles from q, k
+// and the saved per-row log-sum-exp (FlashAttention-2 style). It supports the structured masks: causal (with
+// start offsets), sliding window and segment ids. It runs on the host (OpenBLAS tiles on the haliax thread
+// pool); every task writes its own outputs, so results do not depend on the thread count.
+#pragma once
+
+#include <cblas.h>
+
+#include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "../core.hpp"
+#include "../detail/ad.hpp"
+#include "../detail/axis_algebra.hpp"
+#include "../detail/gemm.hpp"
+#include "../detail/thread_pool.hpp"
+#include "../ops/dot.hpp"
+#include "../ops/elementwise.hpp"
+#include "../ops/layout.hpp"
+#include "functions.hpp"
+
+namespace haliax::nn {
+
+// ---------------------------------------------------------------------------------------------------------
+// Masks
+
+namespace detail::attn {
+
+namespace mp = haliax::detail::mp;
+template <class Axes>
+using list_of = haliax::detail::to_list<Axes>;
+template <class L>
+using axes_of = haliax::detail::to_axes<L>;
+template <class L1, class L2>
+using minus = haliax::detail::difference<L1, L2>;
+template <class L, class T>
+inline constexpr bool has_v = haliax::detail::contains_v<L, std::remove_cvref_t<T>>;
+template <class L1, class L2>
+inline constexpr bool subset_v = haliax::detail::subset_v<L1, L2>;
+/// How many axes of the list `AxA` are not axes of `AxB`.
+template <class AxA, class AxB>
+inline constexpr std::size_t only_in_v = mp::mp_size<minus<list_of<AxA>, list_of<AxB>>>::value;
+
+/// A [QPos, KPos] bool array with element (i, j) = allowed(i, j).
+template <class QP, class KP, class F>
+named_array<bool, axes<QP{}, KP{}>> position_mask(const char* label, std::int64_t nq, std::int64_t nk, F allowed) {
+  auto m = named_array<bool, axes<QP{}, KP{}>>::allocate({nq, nk}, label);
+  bool* p = m.data();
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, nq * nk), KOKKOS_LAMBDA(std::int64_t idx) {
+        const std::int64_t i = idx / nk, j = idx - (idx / nk) * nk;
+        p[idx] = allowed(i, j);
+      });
+  return m;
+}
+
+}  // namespace detail::attn
+
+/// Causal mask (upstream `causal_mask(QPos, KPos, q_start, k_start)`): bool {QPos, KPos}, true where the key's
+/// absolute position `k_start + j` is at most the query's `q_start + i`. QPos and KPos must be different axes.
+///   auto m = causal_mask(4 * Pos, 4 * KPos);          // lower triangle (diagonal included)
+///   auto d = causal_mask(1 * Pos, 8 * KPos, 7);       // decoding step 7: sees keys 0..7
+template <AxisTag QP, AxisTag KP>
+requires(!std::is_same_v<QP, KP>) named_array<bool, axes<QP{}, KP{}>> causal_mask(sized_axis<QP> qpos,
+                                                                                  sized_axis<KP> kpos,
+                                                                                  std::int64_t q_start = 0,
+                                                                                  std::int64_t k_start = 0) {
+  const std::int64_t off = q_start - k_start;
+  return detail::attn::position_mask<QP, KP>(
+      "haliax::nn::causal_mask", qpos.size, kpos.size,
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { return j <= i + off; });
+}
+
+/// Sliding-window causal mask: bool {QPos, KPos}, true where the key's absolute position lies in
+/// (q - window, q] for the query's absolute position q (so each query sees itself and the `window - 1` keys
+/// before it, as Mistral's `sliding_window`). Throws `std::invalid_argument` if `window` < 1.
+///   auto m = sliding_window_mask(6 * Pos, 6 * KPos, 2);   // row i: keys i-1 and i
+template <AxisTag QP, AxisTag KP>
+requires(!std::is_same_v<QP, KP>) named_array<bool, axes<QP{}, KP{}>> sliding_window_mask(
+    sized_axis<QP> qpos, sized_axis<KP> kpos, std::int64_t window, std::int64_t q_start = 0, std::int64_t k_start = 0) {
+  if (window < 1)
+    throw std::invalid_argument("haliax::nn::sliding_window_mask: window must be at least 1, got " +
+                                std::to_string(window));
+  const std::int64_t off = q_start - k_start;
+  return detail::attn::position_mask<QP, KP>(
+      "haliax::nn::sliding_window_mask", qpos.size, kpos.size,
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { return j <= i + off && j > i + off - window; });
+}
+
+/// Query and key segment-id arrays that `segment_mask` accepts: exactly one axis of the key ids (the key
+/// position) is not an axis of the query ids, and the query ids have at least one axis (the query position)
+/// that the key ids lack; the remaining axes (batch) are shared or only on the query side.
+template <class AxQ, class AxK>
+concept SegmentIdAxes = (detail::attn::only_in_v<AxQ, AxK> >= 1) && (detail::attn::only_in_v<AxK, AxQ> == 1);
+
+/// Segment-id mask for packed sequences: bool with the query ids' axes followed by the key position axis,
+/// true where the query's and the key's segment ids are equal (documents packed into one row never attend
+/// across their boundary). `q_ids` is int32 over {..., QPos} and `k_ids` over {..., KPos}; shared axes must
+/// agree in size (else `shape_error`).
+///   auto m = segment_mask(ids, rename(ids, Pos, KPos));   // {batch, pos} x {batch, key_pos} -> {batch, pos, key_pos}
+template <class AxQ, class AxK>
+requires SegmentIdAxes<AxQ, AxK>
+auto segment_mask(const named_array<std::int32_t, AxQ>& q_ids, const named_array<std::int32_t, AxK>& k_ids) {
+  using LQ = detail::attn::list_of<AxQ>;
+  using KP = detail::attn::mp::mp_front<detail::attn::minus<detail::attn::list_of<AxK>, LQ>>;
+  using LR = detail::attn::mp::mp_push_back<LQ, KP>;
+  using AxR = detail::attn::axes_of<LR>;
+  haliax::detail::check_shared_sizes("haliax::nn::segment_mask", q_ids, k_ids);
+  std::array<std::int64_t, AxR::rank> rs{};
+  for (std::size_t i = 0; i < AxQ::rank; ++i) rs[i] = q_ids.sizes()[i];
+  rs[AxR::rank - 1] = k_ids.sizes()[haliax::detail::index_of_v<detail::attn::list_of<AxK>, KP>];
+  auto qb = haliax::detail::broadcast_copy<AxR>("haliax::nn::segment_mask", q_ids, rs);
+  return haliax::detail::zip<bool, AxR>("haliax::nn::segment_mask", qb, k_ids, haliax::detail::equal_fn{});
+}
+
+/// `segment_mask(ids, Pos, KPos)`: the mask for self-attention over one array of segment ids with axis `Pos`,
+/// the key side being the same ids with Pos renamed to KPos.
+///   auto m = segment_mask(ids, Pos, KPos);   // {batch, pos} -> {batch, pos, key_pos}
+template <class Ax, AxisTag QP, AxisTag KP>
+requires(AxisOf<QP, Ax> && !AxisOf<KP, Ax>) auto segment_mask(const named_array<std::int32_t, Ax>& ids, QP qpos,
+                                                              KP kpos) {
+  return segment_mask(ids, rename(ids, qpos, kpos));
+}
+
+/// Both masks (upstream `combine_masks_and`); the same as `a && b`: broadcasts by name.
+///   auto m = combine_masks_and(causal_mask(n * Pos, n * KPos), segment_mask(ids, Pos, KPos));
+template <class AxA, class AxB>
+requires BroadcastCompatible<AxA, AxB>
+auto combine_masks_and(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) { return a && b; }
+
+/// Either mask (upstream `combine_masks_or`); the same as `a || b`.
+///   auto m = combine_masks_or(causal_mask(n * Pos, n * KPos), prefix);
+template <class AxA, class AxB>
+requires BroadcastCompatible<AxA, AxB>
+auto combine_masks_or(const named_array<bool, AxA>& a, const named_array<bool, AxB>& b) { return a || b; }
+
+/// An additive bias from a mask (upstream `mask_to_bias(mask, -1e9)`): 0 where the mask is true, `masked`
+/// where it is false. Element type `T` (default float).
+///   auto bias = mask_to_bias(causal_mask(n * Pos, n * KPos));   // float {pos, key_pos}
+template <FloatElement T = float, class Ax>
+named_array<T, Ax> mask_to_bias(const named_array<bool, Ax>& mask, double masked = -1e9) {
+  return where(mask, zeros_like<T>(mask), masked);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Plain (materialised) attention
+
+/// Options of `dot_product_attention`: the score scale (default 1 / sqrt(size of Key), as upstream).
+struct attention_options {
+  std::optional<double> scale = std::nullopt;
+};
+
+namespace detail::attn {
+
+/// The value the plain attention gives masked scores (upstream uses -1e9, not -inf: a row with every key
+/// masked then averages the values instead of producing NaN).
+inline constexpr double masked_score = -1e9;
+
+template <class AxQ, class AxK, class K>
+using weights_list = typename haliax::detail::dot_layout<list_of<AxQ>, list_of<AxK>, mp::mp_list<K>>::canonical;
+
+/// The output axes of attention: q's axes without Key, then v's head axes (v's axes that are neither q's batch
+/// or position axes nor KPos), in v's order.
+template <class AxQ, class AxV, class KP, class K>
+using output_list = mp::mp_append<minus<list_of<AxQ>, mp::mp_list<K>>,
+                                  minus<list_of<AxV>, mp::mp_push_back<minus<list_of<AxQ>, mp::mp_list<K>>, KP>>>;
+
+}  // namespace detail::attn
+
+/// Axes for attention scores between `q` (axes AxQ) and `k` (axes AxK) over key positions `KP` and head axis
+/// `K`: K is an axis of both, KP an axis of k but not of q, and k's other axes (batch, heads) are axes of q.
+template <class AxQ, class AxK, class KP, class K>
+concept AttentionScoreAxes =
+    AxisTag<KP> && AxisTag<K> && !std::is_same_v<std::remove_cvref_t<KP>, std::remove_cvref_t<K>> &&
+    detail::attn::has_v<detail::attn::list_of<AxQ>, K> && detail::attn::has_v<detail::attn::list_of<AxK>, K> &&
+    detail::attn::has_v<detail::attn::list_of<AxK>, KP> && !detail::attn::has_v<detail::attn::list_of<AxQ>, KP> &&
+    detail::attn::subset_v<
+        detail::attn::minus<detail::attn::list_of<AxK>,
+                            detail::attn::mp::mp_list<std::remove_cvref_t<K>, std::remove_cvref_t<KP>>>,
+        detail::attn::list_of<AxQ>>;
+
+/// Attention over `q`, `k`, `v`: the score axes as `AttentionScoreAxes`, and KP an axis of the value `v`.
+template <class AxQ, class AxK, class AxV, class KP, class K>
+concept AttentionAxes = AttentionScoreAxes<AxQ, AxK, KP, K> && detail::attn::has_v<detail::attn::list_of<AxV>, KP>;
+
+/// The softmax-normalised attention weights (upstream `dot_product_attention_weights`): softmax over KPos of
+/// (q * scale) . k contracted over `Key`, with masked scores set to -1e9 first. The result has the batch axes
+/// q shares with k, then q's other axes (Pos), then KPos last. `mask` broadcasts by name against it.
+///   auto w = dot_product_attention_weights(q, k, KPos, Key, causal_mask(n * Pos, n * KPos));
+///   // {batch, pos, head, key} x {batch, key_pos, head, key} -> {batch, head, pos, key_pos}
+template <FloatElement T, class AxQ, class AxK, class KP, class K, class AxM>
+requires AttentionScoreAxes<AxQ, AxK, KP, K> &&
+    detail::attn::subset_v<detail::attn::list_of<AxM>, detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>>
+auto dot_product_attention_weights(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, KP kpos, K key,
+                                   const named_array<bool, AxM>& mask, attention_options opts = {}) {
+  using W = detail::attn::axes_of<detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>>;
+  const double scale = opts.scale ? *opts.scale : 1.0 / std::sqrt(static_cast<double>(q.size(key)));
+  auto scores = dot<W>(q * scale, k, key);
+  auto masked = where(mask, scores, detail::attn::masked_score);
+  scores = {};  // released before softmax allocates: two score-sized arrays live at once, not three
+  return softmax(masked, kpos);
+}
+
+/// `dot_product_attention_weights` without a mask.
+///   auto w = dot_product_attention_weights(q, k, KPos, Key);
+template <FloatElement T, class AxQ, class AxK, class KP, class K>
+requires AttentionScoreAxes<AxQ, AxK, KP, K>
+auto dot_product_attention_weights(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, KP kpos, K key,
+                                   attention_options opts = {}) {
+  using W = detail::attn::axes_of<detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>>;
+  const double scale = opts.scale ? *opts.scale : 1.0 / std::sqrt(static_cast<double>(q.size(key)));
+  return softmax(dot<W>(q * scale, k, key), kpos);
+}
+
+/// Scaled dot-product attention (upstream `dot_product_attention(KPos, Key, q, k, v, mask)`): the weights of
+/// `dot_product_attention_weights` contracted with `v` over KPos. The result has q's axes with `Key` replaced
+/// by v's head axes (v's axes other than its batch axes and KPos), in that order. Masked keys get score -1e9.
+/// Gradients flow through the ops it is made of. Memory: the scores, masked scores and weights of every
+/// (batch, head) are materialised; `flash_attention` avoids that for the structured masks.
+///   auto y = dot_product_attention(q, k, v, KPos, Key, causal_mask(n * Pos, n * KPos));
+///   // q {batch, pos, head, key}, k and v {batch, key_pos, head, key} -> {batch, pos, head, key}
+template <FloatElement T, class AxQ, class AxK, class AxV, class KP, class K, class AxM>
+requires AttentionAxes<AxQ, AxK, AxV, KP, K> &&
+    detail::attn::subset_v<detail::attn::list_of<AxM>, detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>>
+auto dot_product_attention(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const named_array<T, AxV>& v,
+                           KP kpos, K key, const named_array<bool, AxM>& mask, attention_options opts = {}) {
+  using Out =
+      detail::attn::axes_of<detail::attn::output_list<AxQ, AxV, std::remove_cvref_t<KP>, std::remove_cvref_t<K>>>;
+  return dot<Out>(dot_product_attention_weights(q, k, kpos, key, mask, opts), v, kpos);
+}
+
+/// `dot_product_attention` without a mask (every query sees every key).
+///   auto y = dot_product_attention(q, k, v, KPos, Key);
+template <FloatElement T, class AxQ, class AxK, class AxV, class KP, class K>
+requires AttentionAxes<AxQ, AxK, AxV, KP, K>
+auto dot_product_attention(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const named_array<T, AxV>& v,
+                           KP kpos, K key, attention_options opts = {}) {
+  using Out =
+      detail::attn::axes_of<detail::attn::output_list<AxQ, AxV, std::remove_cvref_t<KP>, std::remove_cvref_t<K>>>;
+  return dot<Out>(dot_product_attention_weights(q, k, kpos, key, opts), v, kpos);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Blocked (flash) attention
+
+/// Options of `flash_attention`. The mask is structural: causal (key position <= query position, with the
+/// absolute positions `q_start + i` and `k_start + j`), optionally a sliding window (key position in
+/// (q - window, q]; 0 = no window) and, through the overload that takes them, segment ids. `scale` defaults
+/// to 1 / sqrt(size of Key). `block_q` x `block_k` is the tile size; results depend on it (summation order)
+/// but never on the thread count.
+struct flash_attention_options {
+  bool causal = true;
+  std::int64_t sliding_window = 0;
+  std::int64_t q_start = 0;
+  std::int64_t k_start = 0;
+  std::optional<double> scale = std::nullopt;
+  std::int64_t block_q = 128;
+  std::int64_t block_k = 128;
+};
+
+namespace detail::attn {
+
+/// Axis bookkeeping of flash attention: batch axes (q's axes other than Pos and Key, in q's order), value head
+/// axes (v's axes other than the batch axes and KPos, in v's order), the output axes, and the packed layouts
+/// [batch..., Pos, Key], [batch..., KPos, Key] and [batch..., KPos, value...] used for operands whose head
+/// axes are not innermost.
+template <class AxQ, class AxK, class AxV, class P, class KP, class K>
+struct flash_axes {
+  using lq = list_of<AxQ>;
+  using lk = list_of<AxK>;
+  using lv = list_of<AxV>;
+  using batch = minus<lq, mp::mp_list<P, K>>;
+  using value = minus<lv, mp::mp_push_back<batch, KP>>;
+  using q_packed = mp::mp_append<batch, mp::mp_list<P, K>>;
+  using k_packed = mp::mp_append<batch, mp::mp_list<KP, K>>;
+  using v_packed = mp::mp_append<batch, mp::mp_list<KP>, value>;
+  using out = output_list<AxQ, AxV, KP, K>;
+  static constexpr bool valid = !std::is_same_v<P, KP> && !std::is_same_v<P, K> && !std::is_same_v<KP, K> &&
+                                has_v<lq, P> && has_v<lq, K> && has_v<lk, KP> && has_v<lk, K> && has_v<lv, KP> &&
+                                !has_v<lq, KP> && !has_v<lk, P> && !has_v<lv, P> &&
+                                haliax::detail::same_set_v<minus<lk, mp::mp_list<KP, K>>, batch> &&
+                                subset_v<batch, lv> && !mp::mp_empty<value>::value;
+};
+
+/// The layouts the kernels read each operand in: the operand's own when its head axes are innermost (rows are
+/// then strided matrices that BLAS reads with a leading dimension, e.g. {batch, pos, head, key}), else packed.
+template <class A>
+struct flash_layouts {
+  static constexpr std::size_t nv = mp::mp_size<typename A::value>::value;
+  using q = std::conditional_t<std::is_same_v<mp::mp_back<typename A::lq>, mp::mp_back<typename A::q_packed>>,
+                               typename A::lq, typename A::q_packed>;
+  using k = std::conditional_t<std::is_same_v<mp::mp_back<typename A::lk>, mp::mp_back<typename A::k_packed>>,
+                               typename A::lk, typename A::k_packed>;
+  using v = std::conditional_t<
+      std::is_same_v<mp::mp_drop_c<typename A::lv, mp::mp_size<typename A::lv>::value - nv>, typename A::value>,
+      typename A::lv, typename A::v_packed>;
+};
+
+/// Where the rows of one operand are: the offset of each batch element's matrix (batch elements in the
+/// canonical order, q's batch axes row-major) and the row stride (the stride of the position axis).
+struct operand_layout {
+  std::vector<std::int64_t> off;
+  std::int64_t ld = 0;
+};
+
+/// The `operand_layout` of an array laid out as `L` with sizes `s`, for canonical batch axes `Batch` and the
+/// position axis `Row`.
+template <class Batch, class Row, class L, std::size_t N>
+operand_layout describe(const std::array<std::int64_t, N>& s) {
+  const auto st = haliax::detail::row_major_strides(s);
+  constexpr std::size_t nb = mp::mp_size<Batch>::value;
+  std::array<std::int64_t, nb> bs{}, bst{};
+  std::size_t i = 0;
+  mp::mp_for_each<Batch>([&]<class Tag>(Tag) {
+    constexpr std::size_t k = haliax::detail::index_of_v<L, Tag>;
+    bs[i] = s[k];
+    bst[i] = st[k];
+    ++i;
+  });
+  std::int64_t count = 1;
+  for (auto n : bs) count *= n;
+  operand_layout r;
+  r.off.resize(static_cast<std::size_t>(count));
+  for (std::int64_t b = 0; b < count; ++b) {
+    std::int64_t rem = b, o = 0;
+    for (std::size_t d = nb; d-- > 0;) {
+      o += (rem % bs[d]) * bst[d];
+      rem /= bs[d];
+    }
+    r.off[static_cast<std::size_t>(b)] = o;
+  }
+  r.ld = st[haliax::detail::index_of_v<L, Row>];
+  return r;
+}
+
+/// One GEMM on a tile, single-threaded BLAS: C = alpha op(A) op(B) + beta C, row-major with leading dims.
+/// Counted in `gemm_profile` when that is enabled, like every other haliax GEMM.
+template <class T>
+void tile_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
+               const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  const auto opa = ta ? CblasTrans : CblasNoTrans;
+  const auto opb = tb ? CblasTrans : CblasNoTrans;
+  auto call = [&] {
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    } else {
+      cblas_dgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+  };
+  using profile = haliax::detail::gemm_profile;
+  if (!profile::enabled.load(std::memory_order_relaxed)) return call();
+  const auto t0 = std::chrono::steady_clock::now();
+  call();
+  const auto t1 = std::chrono::steady_clock::now();
+  profile::nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+  profile::flops += 2 * m * n * k;
+  profile::calls += 1;
+}
+
+/// Sizes, mask and operand layouts of one flash-attention call. Query i and key j are at absolute positions
+/// q_start + i and k_start + j; `offset` = q_start - k_start. The output, its gradient and the gradients of
+/// q, k, v share the layouts of out, q, k, v.
+struct geometry {
+  std::int64_t batch = 0, nq = 0, nk = 0, d = 0, e = 0;
+  std::int64_t bq = 128, bk = 128, nqb = 0, nkb = 0;
+  bool causal = true;
+  std::int64_t window = 0, offset = 0;
+  operand_layout ql, kl, vl, ol;
+  const std::int32_t* qseg = nullptr;  // [batch, nq] or null
+  const std::int32_t* kseg = nullptr;  // [batch, nk] or null
+  // Per (batch, block) min and max segment id, to skip tiles whose documents cannot meet.
+  std::vector<std::int32_t> qseg_lo, qseg_hi, kseg_lo, kseg_hi;
+
+  enum tile_kind { empty, partial, full };
+
+  /// Whether the tile of query block ib and key block jb (of batch element b) is masked out entirely, visible
+  /// entirely, or in part.
+  tile_kind classify(std::int64_t b, std::int64_t ib, std::int64_t jb) const {
+    const std::int64_t i0 = ib * bq, i1 = std::min(nq, i0 + bq), j0 = jb * bk, j1 = std::min(nk, j0 + bk);
+    if (causal && j0 > i1 - 1 + offset) return empty;
+    if (window > 0 && j1 - 1 <= i0 + offset - window) return empty;
+    bool whole = (!causal || j1 - 1 <= i0 + offset) && (window == 0 || j0 > i1 - 1 + offset - window);
+    if (qseg != nullptr) {
+      const std::int32_t ql_ = qseg_lo[b * nqb + ib], qh = qseg_hi[b * nqb + ib];
+      const std::int32_t kl_ = kseg_lo[b * nkb + jb], kh = kseg_hi[b * nkb + jb];
+      if (qh < kl_ || kh < ql_) return empty;
+      whole = whole && ql_ == qh && kl_ == kh && ql_ == kl_;
+    }
+    return whole ? full : partial;
+  }
+
+  /// Sets the masked entries of a score tile (rows x cols from query i0 and key j0, dense) to `value`.
+  template <class T>
+  void mask_tile(std::int64_t b, std::int64_t i0, std::int64_t j0, std::int64_t rows, std::int64_t cols, T* s,
+                 T value) const {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T* sr = s + r * cols;
+      // Visible keys of this row by position: [lo, hi) in tile columns.
+      const std::int64_t i = i0 + r;
+      std::int64_t lo = 0, hi = cols;
+      if (causal) hi = std::clamp<std::int64_t>(i + offset + 1 - j0, 0, cols);
+      if (window > 0) lo = std::clamp<std::int64_t>(i + offset - window + 1 - j0, 0, cols);
+      if (hi < lo) hi = lo;
+      std::fill(sr, sr + lo, value);
+      std::fill(sr + hi, sr + cols, value);
+      if (qseg != nullptr) {
+        const std::int32_t id = qseg[b * nq + i];
+        const std::int32_t* ks = kseg + b * nk + j0;
+        for (std::int64_t c = lo; c < hi; ++c) sr[c] = ks[c] == id ? sr[c] : value;
+      }
+    }
+  }
+
+  void summarise_segments() {
+    if (qseg == nullptr) return;
+    auto summarise = [](const std::int32_t* ids, std::int64_t batch, std::int64_t n, std::int64_t bs, std::int64_t nb,
+                        std::vector<std::int32_t>& lo, std::vector<std::int32_t>& hi) {
+      lo.assign(static_cast<std::size_t>(batch * nb), 0);
+      hi.assign(static_cast<std::size_t>(batch * nb), 0);
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t blk = 0; blk < nb; ++blk) {
+          std::int32_t l = std::numeric_limits<std::int32_t>::max(), h = std::numeric_limits<std::int32_t>::min();
+          for (std::int64_t i = blk * bs; i < std::min(n, (blk + 1) * bs); ++i) {
+            l = std::min(l, ids[b * n + i]);
+            h = std::max(h, ids[b * n + i]);
+          }
+          lo[static_cast<std::size_t>(b * nb + blk)] = l;
+          hi[static_cast<std::size_t>(b * nb + blk)] = h;
+        }
+    };
+    summarise(qseg, batch, nq, bq, nqb, qseg_lo, qseg_hi);
+    summarise(kseg, batch, nk, bk, nkb, kseg_lo, kseg_hi);
+  }
+};
+
+// ---- tile kernels: element-wise work between the GEMMs, compiled per host ISA ------------------------------
+
+inline constexpr int lanes = 16;
+
+/// max of a row, in `lanes` independent lanes (vectorises without reassociation flags).
+template <class T>
+HALIAX_NN_INLINE T row_max(const T* x, std::int64_t n) {
+  T acc[lanes];
+  for (int t = 0; t < lanes; ++t) acc[t] = -std::numeric_limits<T>::infinity();
+  std::int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    HALIAX_NN_LANES
+    for (int t = 0; t < lanes; ++t) acc[t] = x[j + t] > acc[t] ? x[j + t] : acc[t];
+  }
+  T m = -std::numeric_limits<T>::infinity();
+  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
+  for (int t = 0; t < lanes; ++t) m = acc[t] > m ? acc[t] : m;
+  return m;
+}
+
+/// x_j = exp(x_j - shift) for a row whose entries are at most `shift` (or -inf); returns their sum, lane sums
+/// added in a fixed order.
+template <class T>
+HALIAX_NN_INLINE T exp_row(T* x, std::int64_t n, T shift) {
+  T acc[lanes] = {};
+  std::int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    HALIAX_NN_LANES
+    for (int t = 0; t < lanes; ++t) {
+      const T e = haliax::nn::detail::fast_exp_nonpos<T>(x[j + t] - shift);
+      x[j + t] = e;
+      acc[t] += e;
+    }
+  }
+  T s = T(0);
+  for (; j < n; ++j) {
+    const T e = haliax::nn::detail::fast_exp_nonpos<T>(x[j] - shift);
+    x[j] = e;
+    s += e;
+  }
+  for (int t = 0; t < lanes; ++t) s += acc[t];
+  return s;
+}
+
+/// Online-softmax step of the forward pass on a score tile s (rows x cols, dense, masked entries -inf): with
+/// the running row max m and sum l, replaces s by exp(s - new max), rescales the running output rows o (e
+/// values, row stride o_ld) by exp(old max - new max), and updates m and l.
+template <class T>
+HALIAX_NN_INLINE void online_softmax_body(T* s, std::int64_t rows, std::int64_t cols, T* m, T* l, T* o,
+                                          std::int64_t o_ld, std::int64_t e) {
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* sr = s + r * cols;
+    const T mx = row_max(sr, cols);
+    const T m_old = m[r];
+    const T m_new = mx > m_old ? mx : m_old;
+    if (m_new == ninf) {  // nothing visible in this row yet: contributes nothing
+      for (std::int64_t c = 0; c < cols; ++c) sr[c] = T(0);
+      continue;
+    }
+    const T sum = exp_row(sr, cols, m_new);
+    const T alpha = haliax::nn::detail::fast_exp_nonpos<T>(m_old - m_new);  // 0 when m_old is -inf
+    l[r] = l[r] * alpha + sum;
+    if (alpha != T(1)) {
+      T* orow = o + r * o_ld;
+      for (std::int64_t c = 0; c < e; ++c) orow[c] *= alpha;
+    }
+    m[r] = m_new;
+  }
+}
+
+/// Backward: p = exp(s - lse_r) on a score tile (masked entries -inf give 0; a row with lse -inf is all 0).
+template <class T>
+HALIAX_NN_INLINE void probs_body(T* s, std::int64_t rows, std::int64_t cols, const T* lse) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* sr = s + r * cols;
+    const T lr = lse[r];
+    if (lr == -std::numeric_limits<T>::infinity()) {
+      for (std::int64_t c = 0; c < cols; ++c) sr[c] = T(0);
+      continue;
+    }
+    std::int64_t c = 0;
+    for (; c + lanes <= cols; c += lanes) {
+      HALIAX_NN_LANES
+      for (int t = 0; t < lanes; ++t) sr[c + t] = haliax::nn::detail::fast_exp<T>(sr[c + t] - lr);
+    }
+    for (; c < cols; ++c) sr[c] = haliax::nn::detail::fast_exp<T>(sr[c] - lr);
+  }
+}
+
+/// Backward: p = p * (dp - delta_r), turning the probabilities into the score gradient dS.
+template <class T>
+HALIAX_NN_INLINE void dscores_body(T* p, const T* dp, std::int64_t rows, std::int64_t cols, const T* delta) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* pr = p + r * cols;
+    const T* dpr = dp + r * cols;
+    const T dr = delta[r];
+    for (std::int64_t c = 0; c < cols; ++c) pr[c] = pr[c] * (dpr[c] - dr);
+  }
+}
+
+#ifdef HALIAX_NN_ISA_DISPATCH
+#define HALIAX_ATTN_KERNEL(NAME, PARAMS, ARGS)                                                                     \
+  template <class T>                                                                                               \
+  void NAME##_generic PARAMS {                                                                                     \
+    NAME##_body<T> ARGS;                                                                                           \
+  }                                                                                                                \
+  template <class T>                                                                                               \
+  __attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void NAME##_avx2 PARAMS {                                      \
+    NAME##_body<T> ARGS;                                                                                           \
+  }                                                                                                                \
+  template <class T>                                                                                               \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2,f16c"))) void NAME##_avx512 PARAMS { \
+    NAME##_body<T> ARGS;                                                                                           \
+  }
+#else
+#define HALIAX_ATTN_KERNEL(NAME, PARAMS, ARGS) \
+  template <class T>                           \
+  void NAME##_generic PARAMS {                 \
+    NAME##_body<T> ARGS;                       \
+  }
+#endif
+
+HALIAX_ATTN_KERNEL(online_softmax,
+                   (T * s, std::int64_t rows, std::int64_t cols, T* m, T* l, T* o, std::int64_t o_ld, std::int64_t e),
+                   (s, rows, cols, m, l, o, o_ld, e))
+HALIAX_ATTN_KERNEL(probs, (T * s, std::int64_t rows, std::int64_t cols, const T* lse), (s, rows, cols, lse))
+HALIAX_ATTN_KERNEL(dscores, (T * p, const T* dp, std::int64_t rows, std::int64_t cols, const T* delta),
+                   (p, dp, rows, cols, delta))
+#undef HALIAX_ATTN_KERNEL
+
+#ifdef HALIAX_NN_ISA_DISPATCH
+#define HALIAX_ATTN_DISPATCH(NAME, ...)                                        \
+  (isa == haliax::nn::detail::host_isa::avx512 ? NAME##_avx512<T>(__VA_ARGS__) \
+   : isa == haliax::nn::detail::host_isa::avx2 ? NAME##_avx2<T>(__VA_ARGS__)   \
+                                               : NAME##_generic<T>(__VA_ARGS__))
+#else
+#define HALIAX_ATTN_DISPATCH(NAME, ...) NAME##_generic<T>(__VA_ARGS__)
+#endif
+
+/// Per-thread scratch for the tile kernels.
+template <class T>
+T* scratch(std::size_t n) {
+  thread_local std::vector<T> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+/// Makes OpenBLAS single-threaded: tiles run in parallel on the haliax pool, one BLAS call per task.
+inline void single_threaded_blas() {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+/// Forward of one query block of one batch element: online softmax over the visible key blocks. Writes the
+/// block's rows of `o` (normalised output) and `lse` (log-sum-exp of the scaled scores, [batch, nq], -inf for
+/// a row that sees no key).
+template <class T>
+void forward_block(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale, std::int64_t b,
+                   std::int64_t ib) {
+  [[maybe_unused]] const auto isa = haliax::nn::detail::detect_host_isa();
+  const std::int64_t i0 = ib * g.bq, rows = std::min(g.nq, i0 + g.bq) - i0, e = g.e;
+  T* s = scratch<T>(static_cast<std::size_t>(g.bq * g.bk + 2 * g.bq));
+  T* m = s + g.bq * g.bk;
+  T* l = m + g.bq;
+  const T* qb = q + g.ql.off[b] + i0 * g.ql.ld;
+  T* ob = o + g.ol.off[b] + i0 * g.ol.ld;
+  constexpr T ninf = -std::numeric_limits<T>::infinity();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    m[r] = ninf;
+    l[r] = T(0);
+    std::fill(ob + r * g.ol.ld, ob + r * g.ol.ld + e, T(0));
+  }
+  for (std::int64_t jb = 0; jb < g.nkb; ++jb) {
+    const auto kind = g.classify(b, ib, jb);
+    if (kind == geometry::empty) continue;
+    const std::int64_t j0 = jb * g.bk, cols = std::min(g.nk, j0 + g.bk) - j0;
+    tile_gemm<T>(false, true, rows, cols, g.d, scale, qb, g.ql.ld, k + g.kl.off[b] + j0 * g.kl.ld, g.kl.ld, T(0), s,
+                 cols);
+    if (kind == geometry::partial) g.mask_tile<T>(b, i0, j0, rows, cols, s, ninf);
+    HALIAX_ATTN_DISPATCH(online_softmax, s, rows, cols, m, l, ob, g.ol.ld, e);
+    tile_gemm<T>(false, false, rows, e, cols, T(1), s, cols, v + g.vl.off[b] + j0 * g.vl.ld, g.vl.ld, T(1), ob,
+                 g.ol.ld);
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* orow = ob + r * g.ol.ld;
+    if (l[r] > T(0)) {
+      const T inv = T(1) / l[r];
+      for (std::int64_t c = 0; c < e; ++c) orow[c] *= inv;
+      lse[b * g.nq + i0 + r] = m[r] + std::log(l[r]);
+    } else {
+      std::fill(orow, orow + e, T(0));
+      lse[b * g.nq + i0 + r] = ninf;
+    }
+  }
+}
+
+/// The forward pass: o and lse from q, k, v. Parallel over (batch element, query block); each task writes
+/// only its own rows. Tasks are handed out last query block first: under a causal mask those see the most
+/// keys, so the long tasks start early and the pool finishes evenly.
+template <class T>
+void forward(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale) {
+  single_threaded_blas();
+  haliax::detail::thread_pool::instance().run(g.batch * g.nqb, [&](std::int64_t t) {
+    forward_block<T>(g, q, k, v, o, lse, scale, t % g.batch, g.nqb - 1 - t / g.batch);
+  });
+}
+
+/// Number of key-block groups the backward pass splits each batch element into (each group accumulates its
+/// own partial dq, summed in group order afterwards). A function of the shape only, so that the summation
+/// order never depends on the thread count: enough tasks for a many-core host, no more groups than blocks.
+inline std::int64_t backward_groups(const geometry& g) {
+  constexpr std::int64_t target_tasks = 16;
+  const std::int64_t want = (target_tasks + g.batch - 1) / std::max<std::int64_t>(g.batch, 1);
+  return std::max<std::int64_t>(1, std::min(want, g.nkb));
+}
+
+/// The backward pass (FlashAttention-2): with delta_i = sum(dO_i * O_i), P = exp(S - lse), dP = dO V^T and
+/// dS = P * (dP - delta): dV = P^T dO, dK = scale dS^T Q, dQ = scale dS K. Parallel over (batch element, key
+/// block group): a task owns dK and dV of its key blocks and a partial dQ of its group; the partial dQs are
+/// added in group order. `qcount` is the element count of q (and dq).
+template <class T>
+void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T scale,
+              T* dq, std::int64_t qcount, T* dk, std::int64_t kcount, T* dv, std::int64_t vcount) {
+  single_threaded_blas();
+  [[maybe_unused]] const auto isa = haliax::nn::detail::detect_host_isa();
+  const std::int64_t nq = g.nq, nk = g.nk, d = g.d, e = g.e;
+  auto& pool = haliax::detail::thread_pool::instance();
+  // delta[b, i] = sum_c dO[b, i, c] * O[b, i, c], accumulated in double.
+  using buffer = Kokkos::View<T*, Kokkos::HostSpace>;
+  buffer delta(Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::nn::flash_attention(delta)"), g.batch * nq);
+  pool.run(g.batch, [&](std::int64_t b) {
+    for (std::int64_t i = 0; i < nq; ++i) {
+      const T* dr = dout + g.ol.off[b] + i * g.ol.ld;
+      const T* orow = o + g.ol.off[b] + i * g.ol.ld;
+      double acc = 0;
+      for (std::int64_t c = 0; c < e; ++c) acc += static_cast<double>(dr[c]) * static_cast<double>(orow[c]);
+      delta(b * nq + i) = static_cast<T>(acc);
+    }
+  });
+  // Group 0 accumulates into dq itself, groups 1.. into their own partial arrays.
+  const std::int64_t groups = backward_groups(g);
+  buffer partial("haliax::nn::flash_attention(partial dq)", (groups - 1) * qcount);  // zero-filled
+  std::fill(dq, dq + qcount, T(0));
+  std::fill(dk, dk + kcount, T(0));
+  std::fill(dv, dv + vcount, T(0));
+  const T* dl = delta.data();
+  pool.run(g.batch * groups, [&](std::int64_t t) {
+    const std::int64_t b = t / groups, grp = t - b * groups;
+    T* p = scratch<T>(static_cast<std::size_t>(2 * g.bq * g.bk));
+    T* dp = p + g.bq * g.bk;
+    T* dqb = (grp == 0 ? dq : partial.data() + (grp - 1) * qcount) + g.ql.off[b];
+    const T* qb0 = q + g.ql.off[b];
+    const T* dob0 = dout + g.ol.off[b];
+    for (std::int64_t jb = grp; jb < g.nkb; jb += groups) {
+      const std::int64_t j0 = jb * g.bk, cols = std::min(nk, j0 + g.bk) - j0;
+      const T* kb = k + g.kl.off[b] + j0 * g.kl.ld;
+      const T* vb = v + g.vl.off[b] + j0 * g.vl.ld;
+      T* dkb = dk + g.kl.off[b] + j0 * g.kl.ld;
+      T* dvb = dv + g.vl.off[b] + j0 * g.vl.ld;
+      for (std::int64_t ib = 0; ib < g.nqb; ++ib) {
+        const auto kind = g.classify(b, ib, jb);
+        if (kind == geometry::empty) continue;
+        const std::int64_t i0 = ib * g.bq, rows = std::min(nq, i0 + g.bq) - i0;
+        const T* qb = qb0 + i0 * g.ql.ld;
+        const T* dob = dob0 + i0 * g.ol.ld;
+        tile_gemm<T>(false, true, rows, cols, d, scale, qb, g.ql.ld, kb, g.kl.ld, T(0), p, cols);
+        if (kind == geometry::partial) g.mask_tile<T>(b, i0, j0, rows, cols, p, -std::numeric_limits<T>::infinity());
+        HALIAX_ATTN_DISPATCH(probs, p, rows, cols, lse + b * nq + i0);
+        tile_gemm<T>(true, false, cols, e, rows, T(1), p, cols, dob, g.ol.ld, T(1), dvb, g.vl.ld);
+        tile_gemm<T>(false, true, rows, cols, e, T(1), dob, g.ol.ld, vb, g.vl.ld, T(0), dp, cols);
+        HALIAX_ATTN_DISPATCH(dscores, p, dp, rows, cols, dl + b * nq + i0);
+        tile_gemm<T>(true, false, cols, d, rows, scale, p, cols, qb, g.ql.ld, T(1), dkb, g.kl.ld);
+        tile_gemm<T>(false, false, rows, d, cols, scale, p, cols, kb, g.kl.ld, T(1), dqb + i0 * g.ql.ld, g.ql.ld);
+      }
+    }
+  });
+  if (groups > 1) {
+    constexpr std::int64_t chunk = 4096;
+    pool.run((qcount + chunk - 1) / chunk, [&](std::int64_t c) {
+      const std::int64_t a = c * chunk, z = std::min(qcount, a + chunk);
+      for (std::int64_t i = a; i < z; ++i) {
+        T acc = dq[i];
+        for (std::int64_t grp = 1; grp < groups; ++grp) acc += partial((grp - 1) * qcount + i);
+        dq[i] = acc;
+      }
+    });
+  }
+}
+#undef HALIAX_ATTN_DISPATCH
+
+/// Segment ids (axes a subset of batch + position, with the position) packed into [batch..., pos].
+template <class Packed, class Ax>
+named_array<std::int32_t, axes_of<Packed>> pack_ids(const char* label, const named_array<std::int32_t, Ax>& ids,
+                                                    const std::array<std::int64_t, mp::mp_size<Packed>::value>& sizes) {
+  haliax::detail::check_shared_sizes_raw<Ax, axes_of<Packed>>(label, ids.sizes(), sizes);
+  return haliax::detail::broadcast_copy<axes_of<Packed>>(label, ids, sizes);
+}
+
+/// Flash attention on typed arrays: lays operands out for the kernels, runs the forward, records the backward.
+/// `q_ids`/`k_ids` are null or the segment ids.
+template <class T, class AxQ, class AxK, class AxV, class P, class KP, class K, class AxQS, class AxKS>
+auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const named_array<T, AxV>& v,
+           const flash_attention_options& opts, const named_array<std::int32_t, AxQS>* q_ids,
+           const named_array<std::int32_t, AxKS>* k_ids) {
+  static_assert(std::is_same_v<memory_space, Kokkos::HostSpace>,
+                "haliax::nn::flash_attention: runs on the host only; use dot_product_attention on a device build");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "haliax::nn::flash_attention: float or double arrays only (convert bf16 with astype)");
+  using A = flash_axes<AxQ, AxK, AxV, P, KP, K>;
+  using LY = flash_layouts<A>;
+  using batch = typename A::batch;
+  using Out = axes_of<typename A::out>;
+  constexpr const char* label = "haliax::nn::flash_attention";
+  haliax::detail::check_shared_sizes(label, q, k);
+  haliax::detail::check_shared_sizes(label, k, v);
+  haliax::detail::check_shared_sizes(label, q, v);
+  if (opts.block_q < 1 || opts.block_k < 1)
+    throw std::invalid_argument(std::string(label) + ": block sizes must be positive, got " +
+                                std::to_string(opts.block_q) + " x " + std::to_string(opts.block_k));
+  if (opts.sliding_window < 0)
+    throw std::invalid_argument(std::string(label) + ": sliding_window must be >= 0 (0: none), got " +
+                                std::to_string(opts.sliding_window));
+
+  auto qk = haliax::detail::as_layout<typename LY::q>(q);
+  auto kk = haliax::detail::as_layout<typename LY::k>(k);
+  auto vk = haliax::detail::as_layout<typename LY::v>(v);
+  auto out = named_array<T, Out>::allocate(
+      [&] {
+        typename named_array<T, Out>::shape_type s{};
+        std::size_t i = 0;
+        mp::mp_for_each<typename A::out>([&]<class Tag>(Tag) {
+          if constexpr (has_v<typename A::lq, Tag>) {
+            s[i++] = q.sizes()[haliax::detail::index_of_v<typename A::lq, Tag>];
+          } else {
+            s[i++] = v.sizes()[haliax::detail::index_of_v<typename A::lv, Tag>];
+          }
+        });
+        return s;
+      }(),
+      "haliax::nn::flash_attention");
+
+  constexpr std::size_t nb = mp::mp_size<batch>::value;
+  geometry g;
+  g.ql = describe<batch, P, typename LY::q>(qk.sizes());
+  g.kl = describe<batch, KP, typename LY::k>(kk.sizes());
+  g.vl = describe<batch, KP, typename LY::v>(vk.sizes());
+  g.ol = describe<batch, P, typename A::out>(out.sizes());
+  g.batch = static_cast<std::int64_t>(g.ql.off.size());
+  g.nq = q.size(P{});
+  g.nk = k.size(KP{});
+  g.d = q.size(K{});
+  g.e = 1;
+  mp::mp_for_each<typename A::value>(
+      [&]<class Tag>(Tag) { g.e *= v.sizes()[haliax::detail::index_of_v<typename A::lv, Tag>]; });
+  g.bq = opts.block_q;
+  g.bk = opts.block_k;
+  g.nqb = (g.nq + g.bq - 1) / g.bq;
+  g.nkb = (g.nk + g.bk - 1) / g.bk;
+  g.causal = opts.causal;
+  g.window = opts.sliding_window;
+  g.offset = opts.q_start - opts.k_start;
+
+  // Segment ids, packed to [batch..., Pos] and [batch..., KPos] (missing batch axes broadcast); the
+  // log-sum-exp is kept in the first of these layouts.
+  using QSP = mp::mp_push_back<batch, P>;
+  using KSP = mp::mp_push_back<batch, KP>;
+  std::array<std::int64_t, nb + 1> qs{}, ks{};
+  std::size_t bi = 0;
+  mp::mp_for_each<batch>([&]<class Tag>(Tag) {
+    qs[bi] = ks[bi] = q.sizes()[haliax::detail::index_of_v<typename A::lq, Tag>];
+    ++bi;
+  });
+  qs[nb] = g.nq;
+  ks[nb] = g.nk;
+  named_array<std::int32_t, axes_of<QSP>> qsp;
+  named_array<std::int32_t, axes_of<KSP>> ksp;
+  if (q_ids != nullptr) {
+    qsp = pack_ids<QSP>(label, *q_ids, qs);
+    ksp = pack_ids<KSP>(label, *k_ids, ks);
+    g.qseg = qsp.data();
+    g.kseg = ksp.data();
+    g.summarise_segments();
+  }
+  auto lse = named_array<T, axes_of<QSP>>::allocate(qs, "haliax::nn::flash_attention(lse)");
+  const T scale = static_cast<T>(opts.scale ? *opts.scale : 1.0 / std::sqrt(static_cast<double>(g.d)));
+  if (out.element_count() > 0) forward<T>(g, qk.data(), kk.data(), vk.data(), out.data(), lse.data(), scale);
+
+  if (haliax::detail::ad::any_tracked(q, k, v)) {
+    haliax::detail::ad::record(
+        out,
+        [g = std::move(g), qk, kk, vk, o = out, lse, qsp, ksp, scale](const named_array<T, Out>& grad, auto) {
+          using QL = axes_of<typename LY::q>;
+          using KL = axes_of<typename LY::k>;
+          using VL = axes_of<typename LY::v>;
+          auto dqk = named_array<T, QL>::allocate(qk.sizes(), "haliax::nn::flash_attention(dq)");
+          auto dkk = named_array<T, KL>::allocate(kk.sizes(), "haliax::nn::flash_attention(dk)");
+          auto dvk = named_array<T, VL>::allocate(vk.sizes(), "haliax::nn::flash_attention(dv)");
+          if (o.element_count() > 0) {
+            backward<T>(g, qk.data(), kk.data(), vk.data(), o.data(), lse.data(), grad.data(), scale, dqk.data(),
+                        dqk.element_count(), dkk.data(), dkk.element_count(), dvk.data(), dvk.element_count());
+          } else {
+            std::fill(dqk.data(), dqk.data() + dqk.element_count(), T(0));
+            std::fill(dkk.data(), dkk.data() + dkk.element_count(), T(0));
+            std::fill(dvk.data(), dvk.data() + dvk.element_count(), T(0));
+          }
+          return std::tuple{haliax::detail::as_layout<list_of<AxQ>>(dqk), haliax::detail::as_layout<list_of<AxK>>(dkk),
+                            haliax::detail::as_layout<list_of<AxV>>(dvk)};
+        },
+        q, k, v);
+  }
+  return out;
+}
+
+}  // namespace detail::attn
+
+/// Axes `flash_attention` accepts: q has Pos and Key, k has KPos and Key, v has KPos (three different axes);
+/// k's other axes are exactly q's batch axes (q's axes other than Pos and Key), v has those batch axes and at
+/// least one head axis of its own; Pos is not an axis of k or v and KPos not an axis of q.
+template <class AxQ, class AxK, class AxV, class P, class KP, class K>
+concept FlashAttentionAxes = AxisTag<P> && AxisTag<KP> && AxisTag<K> &&
+    detail::attn::flash_axes<AxQ, AxK, AxV, std::remove_cvref_t<P>, std::remove_cvref_t<KP>,
+                             std::remove_cvref_t<K>>::valid;
+
+/// Segment-id arrays for `flash_attention`: int32 with Pos (query side) or KPos (key side) and otherwise only
+/// batch axes of q.
+template <class AxS, class AxQ, class P, class K, class Pos>
+concept FlashSegmentAxes = detail::attn::has_v<detail::attn::list_of<AxS>, Pos> && detail::attn::subset_v<
+    detail::attn::list_of<AxS>,
+    detail::attn::mp::mp_push_back<
+        detail::attn::minus<detail::attn::list_of<AxQ>,
+                            detail::attn::mp::mp_list<std::remove_cvref_t<P>, std::remove_cvref_t<K>>>,
+        std::remove_cvref_t<Pos>>>;
+
+/// Blocked causal attention (FlashAttention-2 on the host): the same function as `dot_product_attention` with
+/// the mask `causal_mask(Pos, KPos, q_start, k_start)` (and `sliding_window_mask` when `opts.sliding_window`
+/// > 0; no mask when `opts.causal` is false and there is no window), computed tile by tile with an online
+/// softmax so that no [Pos, KPos] score matrix exists: memory is the output plus one log-sum-exp per query.
+/// Tiles wholly masked out are skipped (about half the work for causal attention). Its gradient is one node
+/// with a hand-written backward that recomputes score tiles. Result axes as `dot_product_attention`'s. A
+/// query that sees no key gives zeros (the plain version averages the values there). Host only, float/double.
+///   auto y = flash_attention(q, k, v, Pos, KPos, Key);                          // causal
+///   auto w = flash_attention(q, k, v, Pos, KPos, Key, {.sliding_window = 256});  // Mistral-style window
+template <FloatElement T, class AxQ, class AxK, class AxV, class P, class KP, class K>
+requires FlashAttentionAxes<AxQ, AxK, AxV, P, KP, K>
+auto flash_attention(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const named_array<T, AxV>& v, P, KP, K,
+                     const flash_attention_options& opts = {}) {
+  return detail::attn::flash<T, AxQ, AxK, AxV, std::remove_cvref_t<P>, std::remove_cvref_t<KP>, std::remove_cvref_t<K>>(
+      q, k, v, opts, static_cast<const named_array<std::int32_t, axes<>>*>(nullptr),
+      static_cast<const named_array<std::int32_t, axes<>>*>(nullptr));
+}
+
+/// `flash_attention` for packed sequences: additionally, query i attends to key j only where
+/// `q_segment_ids[i] == k_segment_ids[j]` (the mask `segment_mask(q_segment_ids, k_segment_ids)`). The ids are
+/// int32 over Pos (resp. KPos) and any of q's batch axes (missing ones broadcast).
+///   auto y = flash_attention(q, k, v, Pos, KPos, Key, seg, rename(seg, Pos, KPos));   // seg: int32 {batch, pos}
+template <FloatElement T, class AxQ, class AxK, class AxV, class P, class KP, class K, class AxQS, class AxKS>
+requires FlashAttentionAxes<AxQ, AxK, AxV, P, KP, K> && FlashSegmentAxes<AxQS, AxQ, P, K, P> &&
+    FlashSegmentAxes<AxKS, AxQ, P, K, KP>
+auto flash_attention(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const named_array<T, AxV>& v, P, KP, K,
+                     const named_array<std::int32_t, AxQS>& q_segment_ids,
+                     const named_array<std::int32_t, AxKS>& k_segment_ids, const flash_attention_options& opts = {}) {
+  return detail::attn::flash<T, AxQ, AxK, AxV, std::remove_cvref_t<P>, std::remove_cvref_t<KP>, std::remove_cvref_t<K>>(
+      q, k, v, opts, &q_segment_ids, &k_segment_ids);
+}
+
+}  // namespace haliax::nn
