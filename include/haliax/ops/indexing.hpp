@@ -28,6 +28,7 @@
 #include "../core.hpp"
 #include "../detail/axis_algebra.hpp"
 #include "../detail/nd_loop.hpp"
+#include "elementwise.hpp"
 #include "layout.hpp"
 
 namespace haliax {
