@@ -116,7 +116,7 @@ struct node final : node_base {
     if (!backward) return;  // a leaf keeps its gradient for the caller
     auto fn = std::move(backward);
     backward = nullptr;
-    if (grad.valid() && grad.element_count() >= 0) {
+    if (grad.valid()) {
       auto g = std::move(grad);
       grad = {};
       pause_guard pause;
