@@ -1,9 +1,21 @@
-// levanter/levanter.hpp: the umbrella header of the training framework. It brings in haliax; the framework's
-// subsystems (config, data, checkpoint, optim, models, trainer, tracker) are added here as they land.
+// levanter/levanter.hpp: the umbrella header of the training framework: haliax, the config system, GPT-2, AdamW
+// with upstream's schedules, the data path of train_lm, trackers and the trainer (`run_train_lm`).
 #pragma once
 
 #include <haliax/haliax.hpp>
 #include <haliax/tree.hpp>
+
+#include <levanter/config/cli.hpp>
+#include <levanter/config/train_lm_config.hpp>
+#include <levanter/config/validate.hpp>
+#include <levanter/config/yaml.hpp>
+#include <levanter/data/text.hpp>
+#include <levanter/main/train_lm.hpp>
+#include <levanter/models/gpt2.hpp>
+#include <levanter/optim/adamw.hpp>
+#include <levanter/optim/schedule.hpp>
+#include <levanter/tracker.hpp>
+#include <levanter/trainer.hpp>
 
 namespace levanter {
 

@@ -4,6 +4,8 @@
 //   auto y = drop(x, key, /*inference=*/false);     // same axes as x; identity when inference or p == 0
 #pragma once
 
+#include <string_view>
+
 #include <boost/hana/define_struct.hpp>
 #include <stdexcept>
 #include <string>
@@ -18,6 +20,8 @@ namespace haliax::nn {
 /// `haliax.nn.Dropout`). The mask comes from `bernoulli(key, 1 - pdrop)` over all of x's axes, so a run is
 /// reproducible from its key; `inference = true` (evaluation) makes it the identity.
 struct Dropout {
+  /// Upstream class name (`haliax.nn.Dropout`): weight-decay masks also match the class path `<class_name>.<field>`.
+  static constexpr std::string_view class_name = "Dropout";
   BOOST_HANA_DEFINE_STRUCT(Dropout, (double, pdrop));
 
   template <class T, auto... A>

@@ -5,6 +5,8 @@
 //   auto logits = wte.unembed(h);     // {batch, pos, embed} -> {batch, pos, vocab}
 #pragma once
 
+#include <string_view>
+
 #include <boost/hana/define_struct.hpp>
 #include <cstdint>
 
@@ -24,14 +26,18 @@ struct Embedding;
 template <auto VocabAx, auto EmbedAx, auto... P, class T>
 struct Embedding<VocabAx, EmbedAx, axes<P...>, T> {
   using weight_type = named_array<T, axes<P..., VocabAx, EmbedAx>>;
+  /// Upstream class name (`haliax.nn.Embedding`): weight-decay masks also match the class path `<class_name>.<field>`.
+  static constexpr std::string_view class_name = "Embedding";
   BOOST_HANA_DEFINE_STRUCT(Embedding, (weight_type, weight));
 
-  /// Upstream initialisation: normal(0, 1) * init_scale (GPT-2 passes its initializer_range, 0.02).
+  /// Upstream initialisation (haliax 1.4 `Embedding.init`, standard parameterisation): truncated_normal(-3, 3)
+  /// * init_scale / embed_size. GPT-2 passes its initializer_range as init_scale.
   static Embedding init(random::key k, sized_axis<std::remove_cvref_t<decltype(VocabAx)>> vocab,
                         sized_axis<std::remove_cvref_t<decltype(EmbedAx)>> embed,
-                        double init_scale = 0.02) requires(sizeof...(P) == 0 && std::is_same_v<T, float>) {
+                        double init_scale = 1.0) requires(sizeof...(P) == 0 && std::is_same_v<T, float>) {
     Embedding m;
-    m.weight = multiply(random::normal(k, vocab, embed), static_cast<float>(init_scale));
+    m.weight = multiply(random::truncated_normal(k, vocab, embed, -3.0f, 3.0f),
+                        static_cast<float>(init_scale / static_cast<double>(embed.size)));
     return m;
   }
 

@@ -8,6 +8,8 @@
 // layer's Linear with a leading Layers axis); a module is applied only without them (a layer's view).
 #pragma once
 
+#include <string_view>
+
 #include <boost/hana/define_struct.hpp>
 #include <cmath>
 #include <cstdint>
@@ -31,6 +33,8 @@ struct Linear<axes<I...>, axes<O...>, axes<P...>, T> {
   using weight_type = named_array<T, axes<P..., I..., O...>>;
   using bias_type = named_array<T, axes<P..., O...>>;
 
+  /// Upstream class name (`haliax.nn.Linear`): weight-decay masks also match the class path `<class_name>.<field>`.
+  static constexpr std::string_view class_name = "Linear";
   BOOST_HANA_DEFINE_STRUCT(Linear, (weight_type, weight), (std::optional<bias_type>, bias));
 
   /// Upstream initialisation: weight ~ truncated_normal(-3, 3) * init_scale / sqrt(fan_in) with fan_in the

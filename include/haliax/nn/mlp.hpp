@@ -58,6 +58,8 @@ template <auto EmbedAx, auto HiddenAx, auto... P, class T>
 struct Mlp<EmbedAx, HiddenAx, axes<P...>, T> {
   using up_type = Linear<axes<EmbedAx>, axes<HiddenAx>, axes<P...>, T>;
   using down_type = Linear<axes<HiddenAx>, axes<EmbedAx>, axes<P...>, T>;
+  /// Upstream class name (`haliax.nn.MLP`): weight-decay masks also match the class path `<class_name>.<field>`.
+  static constexpr std::string_view class_name = "MLP";
   BOOST_HANA_DEFINE_STRUCT(Mlp, (up_type, c_fc), (down_type, c_proj), (activation, act));
 
   static Mlp init(random::key k, sized_axis<std::remove_cvref_t<decltype(EmbedAx)>> embed,

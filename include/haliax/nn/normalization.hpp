@@ -4,6 +4,8 @@
 //   auto y = ln(x);                                             // normalises each embed vector of x
 #pragma once
 
+#include <string_view>
+
 #include <boost/hana/define_struct.hpp>
 #include <optional>
 
@@ -22,6 +24,8 @@ struct LayerNorm;
 template <auto Ax, auto... P, class T>
 struct LayerNorm<Ax, axes<P...>, T> {
   using param_type = named_array<T, axes<P..., Ax>>;
+  /// Upstream class name (`haliax.nn.LayerNorm`): weight-decay masks also match the class path `<class_name>.<field>`.
+  static constexpr std::string_view class_name = "LayerNorm";
   BOOST_HANA_DEFINE_STRUCT(LayerNorm, (std::optional<param_type>, weight), (std::optional<param_type>, bias),
                            (double, eps));
 
@@ -52,6 +56,8 @@ struct RmsNorm;
 template <auto Ax, auto... P, class T>
 struct RmsNorm<Ax, axes<P...>, T> {
   using param_type = named_array<T, axes<P..., Ax>>;
+  /// Upstream class name (`haliax.nn.RmsNorm`): weight-decay masks also match the class path `<class_name>.<field>`.
+  static constexpr std::string_view class_name = "RmsNorm";
   BOOST_HANA_DEFINE_STRUCT(RmsNorm, (std::optional<param_type>, weight), (std::optional<param_type>, bias),
                            (double, eps));
 

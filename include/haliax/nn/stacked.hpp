@@ -15,6 +15,8 @@
 // `fold` runs the layers in order as a loop over views of the stacked buffers (no copies).
 #pragma once
 
+#include <string_view>
+
 #include <boost/hana/accessors.hpp>
 #include <boost/hana/at.hpp>
 #include <boost/hana/define_struct.hpp>
@@ -103,6 +105,8 @@ template <auto LayersAx, template <class> class Block>
 struct Stacked {
   using layer_type = Block<axes<>>;
   using stacked_type = Block<axes<LayersAx>>;
+  /// Upstream class name (`haliax.nn.Stacked`): weight-decay masks also match the class path `<class_name>.<field>`.
+  static constexpr std::string_view class_name = "Stacked";
   BOOST_HANA_DEFINE_STRUCT(Stacked, (stacked_type, stacked));
 
   /// Builds `n` layers with `make(key_i)` (keys from `split(k, n)`, as upstream's vmapped init) and stacks them.

@@ -1,0 +1,269 @@
+// levanter/main/train_lm.hpp: the `train_lm` program (upstream `levanter.main.train_lm`): parse and validate the
+// config, set up the run directory and trackers, build the data, the GPT-2 and AdamW, train with micro-batching,
+// evaluate on the validation split, and write the summary.
+//
+// Run directory `<trainer.log_dir>/<run id>/`: `config.yaml` (the resolved config), `metrics.jsonl` (json_logger
+// records), `summary.json` (written at the end), `train_lm.log` (the progress lines).
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <unistd.h>
+
+#include <haliax/autodiff.hpp>
+#include <levanter/config/cli.hpp>
+#include <levanter/config/train_lm_config.hpp>
+#include <levanter/config/validate.hpp>
+#include <levanter/config/yaml.hpp>
+#include <levanter/data/text.hpp>
+#include <levanter/models/gpt2.hpp>
+#include <levanter/optim/adamw.hpp>
+#include <levanter/trainer.hpp>
+
+namespace levanter {
+
+inline constexpr struct Example final : haliax::axis<"example"> {
+} Example;
+
+/// Everything a finished run reports (also written to summary.json).
+struct train_result {
+  std::string run_dir;
+  std::int64_t steps = 0;
+  double first_loss = 0, final_loss = 0;
+  std::optional<double> eval_loss;
+  std::int64_t tokens = 0;
+  double seconds = 0;
+  std::int64_t parameters = 0;
+};
+
+namespace detail {
+
+inline std::unique_ptr<tracker> make_tracker(const TrainerConfig& t, const std::filesystem::path& run_dir) {
+  std::vector<std::unique_ptr<tracker>> ts;
+  for (const auto& choice : t.tracker.items) {
+    if (const auto* j = choice.get_if<JsonLoggerConfig>())
+      ts.push_back(std::make_unique<json_logger_tracker>((run_dir / "metrics.jsonl").string(), j->logger_name));
+    else if (choice.get_if<NoopTrackerConfig>())
+      ts.push_back(std::make_unique<noop_tracker>());
+    else
+      throw config::config_error("trainer.tracker: type '" + std::string(choice.type_name()) + "' is not supported");
+  }
+  if (ts.size() == 1) return std::move(ts.front());
+  return std::make_unique<composite_tracker>(std::move(ts));
+}
+
+/// Mean next-token loss of `model` over `n` windows starting at `first` in batches of `batch` (no gradients).
+inline double evaluate(const gpt2::LMHeadModel& model, const Gpt2Config& mc, const data::token_windows& windows,
+                       std::int64_t batch, std::int64_t max_batches, std::int64_t eos, std::int64_t ignore_id) {
+  haliax::no_grad_guard ng;
+  const std::int64_t available = windows.size() / batch;
+  const std::int64_t nb = max_batches > 0 ? std::min(available, max_batches) : available;
+  double sum = 0;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    auto host = windows.examples(b * batch, batch);
+    auto tokens = haliax::from_host<std::int32_t>(host, batch * Batch, windows.seq_len() * Pos);
+    auto ex = lm_example::causal(tokens, eos, ignore_id);
+    sum += gpt2::next_token_loss(model, mc, ex).item();
+  }
+  return nb > 0 ? sum / double(nb) : std::nan("");
+}
+
+/// A YAML tree as JSON (scalars that read as numbers or booleans become numbers or booleans).
+inline json yaml_to_json(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      json j = json::object();
+      for (const auto& kv : n) j[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+      return j;
+    }
+    case YAML::NodeType::Sequence: {
+      json j = json::array();
+      for (const auto& v : n) j.push_back(yaml_to_json(v));
+      return j;
+    }
+    case YAML::NodeType::Scalar: {
+      const auto s = n.Scalar();
+      if (n.Tag() != "!") {
+        if (s == "true" || s == "false") return s == "true";
+        char* end = nullptr;
+        const long long i = std::strtoll(s.c_str(), &end, 10);
+        if (!s.empty() && *end == 0) return i;
+        const double d = std::strtod(s.c_str(), &end);
+        if (!s.empty() && *end == 0) return d;
+      }
+      return s;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace detail
+
+/// Trains as `cfg` says. `out` receives the progress lines. Throws config::config_error, data::data_error or
+/// training_error with a message for the user.
+inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& resolved_yaml, std::ostream& out) {
+  namespace fs = std::filesystem;
+  const auto& t = cfg.trainer;
+  const auto* mc_ptr = cfg.model.get_if<Gpt2Config>();
+  const auto* opt_cfg = cfg.optimizer.get_if<AdamConfig>();
+  if (!mc_ptr || !opt_cfg) throw config::config_error("train_lm: only model.type gpt2 and optimizer.type adam are supported");
+  const Gpt2Config& mc = *mc_ptr;
+
+  // Run directory, resolved config, trackers.
+  const std::string run_id = resolve_run_id(t.id);
+  const fs::path run_dir = fs::path(t.log_dir) / run_id;
+  fs::create_directories(run_dir);
+  write_file_atomic(run_dir / "config.yaml", resolved_yaml);
+  auto trk = detail::make_tracker(t, run_dir);
+  std::ofstream log_file(run_dir / "train_lm.log", std::ios::app);
+  auto say = [&](const std::string& line) {
+    out << line << std::endl;
+    log_file << line << std::endl;
+  };
+
+  // Keys as upstream: data, loader, model, training.
+  auto keys = haliax::random::split(haliax::random::make_key(static_cast<std::uint64_t>(t.seed)), 4);
+  auto data_key = cfg.data_seed ? haliax::random::make_key(static_cast<std::uint64_t>(*cfg.data_seed)) : keys[0];
+  const auto model_key = keys[2], training_key = keys[3];
+
+  // Data (validation refused every tokenizer but the byte one before we get here).
+  const data::byte_tokenizer tok;
+  const std::int64_t vocab = cfg.data.vocab_size.value_or(data::byte_tokenizer::vocab_size);
+  if (vocab < data::byte_tokenizer::vocab_size)
+    throw config::config_error("data.vocab_size " + std::to_string(vocab) + " is smaller than the byte tokenizer's " +
+                               std::to_string(data::byte_tokenizer::vocab_size));
+  const std::string text_key = cfg.data.text_key.value_or("text");
+  if (cfg.data.train_urls.empty())
+    throw config::config_error("data.train_urls is empty: give at least one local .jsonl or .txt file");
+  data::token_windows train(data::tokenize_files(cfg.data.train_urls, tok, text_key, cfg.data.enforce_eos), mc.seq_len);
+  if (train.size() == 0)
+    throw data::data_error("the training data holds " + std::to_string(train.num_tokens()) +
+                           " tokens, fewer than one sequence of seq_len " + std::to_string(mc.seq_len));
+  if (const auto* sh = std::get_if<bool>(&cfg.data.shuffle); (sh && *sh) || std::holds_alternative<std::int64_t>(cfg.data.shuffle))
+    train.shuffle(data_key);
+  std::optional<data::token_windows> valid;
+  if (!cfg.data.validation_urls.empty()) {
+    valid.emplace(data::tokenize_files(cfg.data.validation_urls, tok, text_key, cfg.data.enforce_eos), mc.seq_len);
+    if (valid->size() == 0) valid.reset();
+  }
+
+  // Model and optimizer.
+  auto model = gpt2::LMHeadModel::init(mc, vocab, model_key);
+  const std::int64_t n_params = haliax::tree::parameter_count(model);
+  optim::adamw opt(*opt_cfg, t.num_train_steps);
+  auto opt_state = opt.init(model);
+
+  throughput_meter meter;
+  meter.flops_per_token = 3.0 * mc.flops_per_token(vocab);
+  meter.peak_flops = measure_gemm_peak();
+
+  trk->log_hyperparameters(detail::yaml_to_json(YAML::Load(resolved_yaml)));
+  say("train_lm: run " + run_id + " -> " + run_dir.string());
+  say("train_lm: gpt2 " + std::to_string(n_params) + " parameters, vocab " + std::to_string(vocab) + ", " +
+      std::to_string(train.num_tokens()) + " training tokens (" + std::to_string(train.size()) + " sequences of " +
+      std::to_string(mc.seq_len) + ")" + (valid ? ", " + std::to_string(valid->size()) + " validation sequences" : ""));
+  say("train_lm: OpenBLAS core " + openblas_core() + ", " + std::to_string(haliax::num_threads()) +
+      " threads, measured GEMM peak " + std::to_string(static_cast<long long>(meter.peak_flops / 1e9)) + " GFLOP/s");
+
+  const auto eos = data::byte_tokenizer::eos_id;
+  const auto ignore = cfg.data.ignore_token_id;
+  const auto policy = mc.gradient_checkpointing ? haliax::nn::checkpoint_policy::per_layer
+                                                : haliax::nn::checkpoint_policy::none;
+  const std::int64_t eval_batch_default = t.train_batch_size.at(0);
+  auto run_eval = [&](std::int64_t step) -> std::optional<double> {
+    if (!valid) return std::nullopt;
+    const std::int64_t eb = t.per_device_eval_parallelism > 0 ? t.per_device_eval_parallelism
+                            : t.per_device_parallelism > 0    ? t.per_device_parallelism
+                                                              : eval_batch_default;
+    const std::int64_t bs = std::min<std::int64_t>(eb, valid->size());
+    const double l = detail::evaluate(model, mc, *valid, bs, t.max_eval_batches.value_or(0), eos, ignore);
+    trk->log(json{{"eval/loss", l}}, step);
+    say("eval step " + std::to_string(step) + "  loss " + std::to_string(l));
+    return l;
+  };
+
+  train_result res;
+  res.run_dir = run_dir.string();
+  res.parameters = n_params;
+  const auto t_start = std::chrono::steady_clock::now();
+  const std::int64_t print_every = std::max<std::int64_t>(1, std::min<std::int64_t>(10, t.num_train_steps / 20));
+  for (std::int64_t step = 0; step < t.num_train_steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::int64_t B = t.train_batch_size.at(step);
+    const std::int64_t mb = t.per_device_parallelism > 0 ? std::min(t.per_device_parallelism, B) : B;
+    const std::int64_t micro = B / mb;
+    const std::int64_t offset = data_offset_at(t.train_batch_size, step);
+    const auto step_key = haliax::random::fold_in(training_key, static_cast<std::uint32_t>(step));
+
+    double loss_sum = 0;
+    std::optional<gpt2::LMHeadModel> grads;
+    for (std::int64_t m = 0; m < micro; ++m) {
+      auto host = train.examples(offset + m * mb, mb);
+      auto tokens = haliax::from_host<std::int32_t>(host, mb * Batch, mc.seq_len * Pos);
+      auto ex = lm_example::causal(tokens, eos, ignore);
+      gpt2::forward_options fo;
+      fo.inference = false;
+      fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(m));
+      fo.checkpointing = policy;
+      auto [loss, g] = haliax::value_and_grad([&](const gpt2::LMHeadModel& p) {
+        return gpt2::next_token_loss(p, mc, ex, cfg.z_loss_weight, fo);
+      })(model);
+      loss_sum += loss.item();
+      if (!grads)
+        grads = std::move(g);
+      else
+        haliax::tree::zip_leaves(*grads, g, [](const std::string&, auto& acc, auto& x) { acc = acc + x; });
+    }
+    if (micro > 1)
+      *grads = haliax::tree::map(*grads, [s = 1.0f / float(micro)](const std::string&, const auto& x) { return x * s; });
+    const double loss = loss_sum / double(micro);
+    check_finite(loss, "train/loss", step, t.crash_on_nan, t.crash_on_inf);
+    const auto stats = opt.update(model, *grads, opt_state, loss);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    if (step == 0) res.first_loss = loss;
+    res.final_loss = loss;
+    res.steps = step + 1;
+    json metrics = {{"train/loss", loss}, {"global_step", step}, {"optim/learning_rate", stats.learning_rate},
+                    {"optim/grad_norm", stats.grad_norm}, {"run_progress", double(step + 1) / double(t.num_train_steps)}};
+    if (stats.skipped) metrics["optim/skipped_step"] = 1;
+    const json perf = meter.on_step(B * mc.seq_len, B, secs);
+    for (const auto& el : perf.items()) metrics[el.key()] = el.value();
+    trk->log(metrics, step);
+
+    if ((step + 1) % print_every == 0 || step == 0 || step + 1 == t.num_train_steps) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const double eta = elapsed / double(step + 1) * double(t.num_train_steps - step - 1);
+      say(progress_line(step + 1, t.num_train_steps, loss, stats.learning_rate, metrics["throughput/tokens_per_second"].get<double>(),
+                        metrics["throughput/mfu"].get<double>(), eta));
+    }
+    if (t.steps_per_eval > 0 && (step + 1) % t.steps_per_eval == 0 && step + 1 < t.num_train_steps) run_eval(step + 1);
+  }
+  res.eval_loss = run_eval(res.steps);
+  res.tokens = meter.total_tokens;
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+
+  json summary = {{"run_id", run_id},
+                  {"steps", res.steps},
+                  {"parameters", res.parameters},
+                  {"first_loss", res.first_loss},
+                  {"final_loss", res.final_loss},
+                  {"total_tokens", res.tokens},
+                  {"seconds", res.seconds},
+                  {"tokens_per_second", res.seconds > 0 ? double(res.tokens) / res.seconds : 0.0},
+                  {"openblas_core", openblas_core()},
+                  {"threads", haliax::num_threads()}};
+  if (res.eval_loss) summary["eval_loss"] = *res.eval_loss;
+  trk->log_summary(summary);
+  trk->finish();
+  write_file_atomic(run_dir / "summary.json", summary.dump(2) + "\n");
+  say("train_lm: done, " + std::to_string(res.steps) + " steps in " + human_duration(res.seconds) + ", loss " +
+      std::to_string(res.first_loss) + " -> " + std::to_string(res.final_loss) + "; summary in " +
+      (run_dir / "summary.json").string());
+  return res;
+}
+
+}  // namespace levanter

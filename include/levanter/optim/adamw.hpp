@@ -1,0 +1,436 @@
+// levanter/optim/adamw.hpp: AdamW over any reflected parameter tree, as upstream's `AdamConfig.build`
+// (src/levanter/optim/config.py) builds it with optax:
+//
+//   inject_hyperparams(lr = schedule(count))(
+//     skip_bad_steps(                                   // optional: SkipStepConfig.wrap
+//       chain(clip_by_global_norm(max_grad_norm),       // when max_grad_norm is set and non-zero
+//             scale_by_adam(beta1, beta2, epsilon, nesterov),
+//             add_decayed_weights(weight_decay [* lr / learning_rate with adamc_weight_decay], mask),
+//             scan_aware_clip_by_block_rms(update_rms_clipping),  // optional, per layer for Stacked leaves
+//             clip_update_by_historical_norm(...),                // optional: clip_update_norm
+//             scale(-lr))))
+//
+//   levanter::optim::adamw opt(cfg, num_train_steps);
+//   auto state = opt.init(model);                               // moments shaped like the model
+//   auto stats = opt.update(model, grads, state, loss);         // model updated in place
+//   // stats.learning_rate, stats.grad_norm (before clipping), stats.update_norm, stats.skipped
+//
+// Each leaf is updated in one fused pass over raw float pointers (reads p, g, m, v; writes p, m, v), split in
+// fixed chunks run on haliax's thread pool. Norms are summed in double per chunk and then in chunk order, so
+// every result is the same whatever the thread count. update_rms_clipping and clip_update_norm need the norm
+// of the whole update before any parameter moves: they take a second pass (the first writes m and v and sums
+// the update's squares; the second recomputes the update from the new moments and writes p).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <haliax/core.hpp>
+#include <haliax/detail/thread_pool.hpp>
+#include <haliax/tree.hpp>
+
+#include "config.hpp"
+#include "schedule.hpp"
+#include "weight_decay.hpp"
+
+namespace levanter::optim {
+
+/// The last `capacity` values of a statistic, as a circular buffer with a validity mask (the float32 buffers of
+/// upstream's SkipStepState and ClipUpdateNormState).
+struct rolling_window {
+  std::vector<float> values;
+  std::vector<char> valid;
+  int64_t index = 0;  ///< next slot to write
+  int64_t count = 0;  ///< valid entries, at most capacity
+
+  static rolling_window with_capacity(int64_t n) {
+    rolling_window w;
+    w.values.assign(static_cast<std::size_t>(n), 0.0f);
+    w.valid.assign(static_cast<std::size_t>(n), 0);
+    return w;
+  }
+  int64_t capacity() const { return static_cast<int64_t>(values.size()); }
+  void push(double v) {
+    values[static_cast<std::size_t>(index)] = static_cast<float>(v);
+    valid[static_cast<std::size_t>(index)] = 1;
+    index = (index + 1) % capacity();
+    count = std::min(count + 1, capacity());
+  }
+  /// Mean over the valid entries (NaN when none, as jnp.mean with an empty `where`).
+  double mean() const {
+    double s = 0;
+    int64_t n = 0;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (valid[i]) s += values[i], ++n;
+    return n ? s / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
+  }
+  /// Population standard deviation over the valid entries (jnp.std, ddof 0).
+  double stddev() const {
+    const double m = mean();
+    double s = 0;
+    int64_t n = 0;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (valid[i]) s += (values[i] - m) * (values[i] - m), ++n;
+    return n ? std::sqrt(s / static_cast<double>(n)) : std::numeric_limits<double>::quiet_NaN();
+  }
+  /// mean + sigma * max(std, 1e-6): upstream's threshold for both skip_bad_steps and clip_update_norm.
+  double threshold(double sigma) const { return mean() + sigma * std::max(stddev(), 1e-6); }
+  /// Whether there is enough history to act: count >= max(2, capacity / 2).
+  bool ready() const { return count >= std::max<int64_t>(2, capacity() / 2); }
+};
+
+/// AdamW's state for a model of type `M`.
+template <class M>
+struct adamw_state {
+  M mu;                        ///< first moments, same tree as the parameters (float32)
+  M nu;                        ///< second moments
+  int64_t count = 0;           ///< updates seen, skipped ones included (inject_hyperparams): the schedule's step
+  int64_t adam_count = 0;      ///< updates applied (scale_by_adam's count; a skipped step leaves it unchanged)
+  rolling_window skip_losses;  ///< skip_bad_steps history (updated on every step, skipped or not)
+  rolling_window skip_grad_norms;
+  rolling_window update_norms;   ///< clip_update_norm history (unclipped norms of applied steps)
+  std::vector<char> decay_mask;  ///< per leaf in tree order: weight decay applies
+};
+
+/// What one `adamw::update` did.
+struct update_stats {
+  double learning_rate = 0;  ///< schedule(count) used by this update (upstream `optim/learning_rate`)
+  double grad_norm = 0;      ///< global L2 norm of the gradients, before clipping
+  double update_norm = 0;    ///< global L2 norm of the change applied to the parameters (0 when skipped)
+  bool skipped = false;      ///< skip_bad_steps rejected this step
+};
+
+namespace detail::adamw {
+
+inline constexpr int64_t chunk_elems = int64_t{1} << 15;
+
+struct leaf_ref {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  int64_t slices;  // 1, or the product of the Stacked layer axes (update_rms_clipping is per slice)
+  bool decay;
+  std::string path;
+};
+
+struct chunk {
+  std::size_t leaf;
+  std::size_t slice;  // global slice index
+  int64_t begin, end;
+};
+
+template <class L>
+void check_float_leaf() {
+  static_assert(std::is_same_v<typename std::remove_cvref_t<L>::value_type, float>,
+                "levanter::optim::adamw: every parameter leaf must be a float32 named_array");
+}
+
+// Per-element constants of one update, all in float as optax computes them.
+struct consts {
+  float clip_num, clip_den;  // g * clip_num / clip_den when clipping triggers (optax: t / g_norm * max_norm)
+  bool clip;
+  float b1, omb1, b2, omb2, eps;
+  float bc1, bc1_next, bc2;  // 1 - b^t
+  float wd;
+  float neg_lr;
+};
+
+// Pass kinds: fused (moments + parameters), moments (moments written, update squares summed), apply (update
+// recomputed from the new moments, scaled by per-slice factors, parameters written).
+enum class pass { fused, moments, apply };
+
+// The element loop of one block: no errno-setting sqrt and no double reduction inside, so the compiler vectorises
+// it; the squares go to `out` and are summed afterwards in a fixed order.
+#if defined(__GNUC__) && !defined(__clang__)
+#define LEVANTER_ADAMW_KERNEL_ATTR __attribute__((optimize("no-math-errno")))
+#else
+#define LEVANTER_ADAMW_KERNEL_ATTR
+#endif
+
+template <pass P, bool Nesterov, bool Decay, bool Clip>
+LEVANTER_ADAMW_KERNEL_ATTR void run_block(const consts& c, float* __restrict p, const float* __restrict g_,
+                                          float* __restrict m_, float* __restrict v_, int64_t n, float div, float mul,
+                                          float* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = g_[i];
+    if constexpr (Clip) g = g / c.clip_den * c.clip_num;  // optax: t / g_norm * max_norm
+    float m = m_[i], v = v_[i];
+    if constexpr (P != pass::apply) {
+      m = c.omb1 * g + c.b1 * m;  // optax: (1 - b) * g^k + b * moment
+      v = c.omb2 * (g * g) + c.b2 * v;
+      m_[i] = m;
+      v_[i] = v;
+    }
+    float mh;
+    if constexpr (Nesterov)
+      mh = c.b1 * (m / c.bc1_next) + c.omb1 * (g / c.bc1);
+    else
+      mh = m / c.bc1;
+    float u = mh / (std::sqrt(v / c.bc2) + c.eps);
+    if constexpr (Decay) u = u + c.wd * p[i];
+    if constexpr (P == pass::moments) {
+      out[i] = u * u;
+    } else {
+      const float step = (P == pass::apply ? (u / div) * mul : u) * c.neg_lr;
+      p[i] = p[i] + step;
+      out[i] = step * step;
+    }
+  }
+}
+
+inline constexpr int64_t block_elems = 256;
+
+template <pass P, bool Nesterov, bool Decay, bool Clip>
+double run_chunk(const consts& c, const leaf_ref& l, int64_t b, int64_t e, float div, float mul) {
+  // The squares are float products; their sum is in double, in a fixed
+  // order (4 interleaved accumulators per block, then blocks in order), whatever the thread count.
+  alignas(64) float sq[block_elems];
+  double total = 0;
+  for (int64_t i = b; i < e; i += block_elems) {
+    const int64_t n = std::min(block_elems, e - i);
+    run_block<P, Nesterov, Decay, Clip>(c, l.p + i, l.g + i, l.m + i, l.v + i, n, div, mul, sq);
+    double acc[4] = {0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+      for (int k = 0; k < 4; ++k) acc[k] += static_cast<double>(sq[j + k]);
+    for (; j < n; ++j) acc[0] += static_cast<double>(sq[j]);
+    total += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  }
+  return total;
+}
+
+template <pass P>
+double dispatch(const consts& c, const leaf_ref& l, int64_t b, int64_t e, float div, float mul, bool nesterov) {
+  auto go = [&]<bool N, bool D>() {
+    return c.clip ? run_chunk<P, N, D, true>(c, l, b, e, div, mul) : run_chunk<P, N, D, false>(c, l, b, e, div, mul);
+  };
+  if (nesterov) return l.decay ? go.template operator()<true, true>() : go.template operator()<true, false>();
+  return l.decay ? go.template operator()<false, true>() : go.template operator()<false, false>();
+}
+
+// Sum of squares per chunk, computed in parallel, returned in chunk order.
+template <class F>
+std::vector<double> per_chunk(std::size_t n, F&& f) {
+  std::vector<double> out(n, 0.0);
+  haliax::detail::thread_pool::instance().run(static_cast<int64_t>(n),
+                                              [&](int64_t i) { out[static_cast<std::size_t>(i)] = f(i); });
+  return out;
+}
+
+}  // namespace detail::adamw
+
+/// AdamW with upstream Levanter's schedule, gradient clipping, weight-decay mask, update clipping and
+/// bad-step skipping (see the file comment for the chain). Stateless itself: the state lives in adamw_state.
+class adamw {
+ public:
+  /// Validates `cfg` as upstream's AdamConfig.__post_init__ and builds its schedule for `num_train_steps`.
+  adamw(AdamConfig cfg, int64_t num_train_steps) : cfg_(std::move(cfg)) {
+    if (cfg_.update_rms_clipping && *cfg_.update_rms_clipping <= 0)
+      throw std::invalid_argument("optimizer.update_rms_clipping: must be a positive number or unset");
+    if (cfg_.update_rms_clipping && cfg_.clip_update_norm)
+      throw std::invalid_argument(
+          "optimizer.clip_update_norm: cannot be used together with update_rms_clipping; unset one of them");
+    if (cfg_.clip_update_norm && cfg_.clip_update_norm->rolling_interval_length < 1)
+      throw std::invalid_argument("optimizer.clip_update_norm.rolling_interval_length: must be at least 1");
+    std::visit(
+        [&](const auto& s) {
+          using S = std::decay_t<decltype(s)>;
+          if constexpr (std::is_same_v<S, bool>) {
+            if (s) skip_ = SkipStepConfig{};
+          } else if constexpr (std::is_same_v<S, int64_t>) {
+            if (s != 0) skip_ = SkipStepConfig{s, SkipStepConfig{}.sigma_factor};  // an int is the history length
+          } else {
+            skip_ = s;
+          }
+        },
+        cfg_.skip_bad_steps);
+    if (skip_ && skip_->rolling_interval_length < 1)
+      throw std::invalid_argument("optimizer.skip_bad_steps.rolling_interval_length: must be at least 1");
+    schedule_ = make_lr_schedule(cfg_, num_train_steps);
+  }
+
+  const AdamConfig& config() const { return cfg_; }
+  const lr_schedule& schedule() const { return schedule_; }
+  /// The resolved skip_bad_steps configuration (nullopt: no skipping).
+  const std::optional<SkipStepConfig>& skip_config() const { return skip_; }
+
+  /// Zero moments shaped like `params`, zero counts, empty histories and the weight-decay mask.
+  template <class M>
+  adamw_state<M> init(const M& params) const {
+    adamw_state<M> st;
+    auto zeros_like = [](const std::string&, const auto& p) {
+      detail::adamw::check_float_leaf<decltype(p)>();
+      auto z = std::remove_cvref_t<decltype(p)>::allocate(p.sizes(), "levanter::optim::adamw::moment");
+      std::fill_n(z.data(), z.element_count(), 0.0f);
+      z.set_sharding(p.sharding());
+      return z;
+    };
+    st.mu = haliax::tree::map(params, zeros_like);
+    st.nu = haliax::tree::map(params, zeros_like);
+    if (skip_) {
+      st.skip_losses = rolling_window::with_capacity(skip_->rolling_interval_length);
+      st.skip_grad_norms = rolling_window::with_capacity(skip_->rolling_interval_length);
+    }
+    if (cfg_.clip_update_norm) st.update_norms = rolling_window::with_capacity(cfg_.clip_update_norm->rolling_interval_length);
+    const auto mask = weight_decay_mask(cfg_, params);
+    for_each_leaf_info(params, [&](const leaf_info&, const auto&) {
+      st.decay_mask.push_back(cfg_.weight_decay > 0 && (!mask || (*mask)[st.decay_mask.size()]));
+    });
+    return st;
+  }
+
+  /// One optimizer step: `params += update(grads)`, in place; `loss` feeds skip_bad_steps (ignored otherwise).
+  /// The learning rate is schedule(state.count); state.count advances on every call, skipped or not (the
+  /// inject_hyperparams count sits outside upstream's skip wrapper), while the Adam moments, Adam's bias-correction
+  /// count and the clip_update_norm history are left untouched by a skipped step.
+  template <class M>
+  update_stats update(M& params, const M& grads, adamw_state<M>& state, double loss) const {
+    namespace d = detail::adamw;
+    std::vector<d::leaf_ref> leaves;
+    for_each_leaf_info(params, [&](const leaf_info& info, auto& p) {
+      d::check_float_leaf<decltype(p)>();
+      int64_t slices = 1;
+      for (int k = 0; k < info.stacked_depth && k < static_cast<int>(p.sizes().size()); ++k) slices *= p.sizes()[k];
+      leaves.push_back({p.data(), nullptr, nullptr, nullptr, p.element_count(), std::max<int64_t>(slices, 1), false,
+                        info.path});
+    });
+    if (state.decay_mask.size() != leaves.size())
+      throw std::invalid_argument("levanter::optim::adamw::update: the state was initialised for a different model (" +
+                                  std::to_string(state.decay_mask.size()) + " leaves, the parameters have " +
+                                  std::to_string(leaves.size()) + ")");
+    auto attach = [&](const M& tree, const char* what, auto setter) {
+      std::size_t i = 0;
+      haliax::tree::for_each_leaf(tree, [&](const std::string& name, const auto& leaf) {
+        if (i >= leaves.size() || leaf.element_count() != leaves[i].n)
+          throw haliax::shape_error("levanter::optim::adamw::update: " + std::string(what) + " leaf '" + name +
+                                    "' does not match the parameter of the same position");
+        setter(leaves[i++], leaf.data());
+      });
+      if (i != leaves.size())
+        throw haliax::shape_error("levanter::optim::adamw::update: " + std::string(what) + " has fewer leaves");
+    };
+    attach(grads, "gradient", [](d::leaf_ref& l, float* x) { l.g = x; });
+    attach(state.mu, "first moment", [](d::leaf_ref& l, float* x) { l.m = x; });
+    attach(state.nu, "second moment", [](d::leaf_ref& l, float* x) { l.v = x; });
+    for (std::size_t i = 0; i < leaves.size(); ++i) leaves[i].decay = state.decay_mask[i] != 0;
+
+    // Fixed chunks that never straddle a slice, so per-slice sums are chunk sums in order.
+    std::vector<d::chunk> chunks;
+    std::vector<std::size_t> slice_leaf;
+    for (std::size_t li = 0; li < leaves.size(); ++li) {
+      const auto& l = leaves[li];
+      const int64_t per = l.n / l.slices;
+      for (int64_t s = 0; s < l.slices; ++s) {
+        const std::size_t gs = slice_leaf.size();
+        slice_leaf.push_back(li);
+        for (int64_t b = s * per; b < (s + 1) * per; b += d::chunk_elems)
+          chunks.push_back({li, gs, b, std::min(b + d::chunk_elems, (s + 1) * per)});
+      }
+    }
+
+    update_stats stats;
+    stats.learning_rate = schedule_(state.count);
+    const double lr = stats.learning_rate;
+
+    const auto gsq = d::per_chunk(chunks.size(), [&](int64_t i) {
+      const auto& c = chunks[static_cast<std::size_t>(i)];
+      const float* g = leaves[c.leaf].g;
+      double s = 0;
+      for (int64_t k = c.begin; k < c.end; ++k) s += static_cast<double>(g[k]) * g[k];
+      return s;
+    });
+    double gsum = 0;
+    for (double s : gsq) gsum += s;
+    stats.grad_norm = std::sqrt(gsum);
+
+    if (skip_) {
+      const bool can_skip = state.skip_losses.ready();
+      const bool loss_ok = loss <= state.skip_losses.threshold(skip_->sigma_factor);
+      const bool norm_ok = stats.grad_norm <= state.skip_grad_norms.threshold(skip_->sigma_factor);
+      stats.skipped = can_skip && !(loss_ok && norm_ok);
+      state.skip_losses.push(loss);
+      state.skip_grad_norms.push(stats.grad_norm);
+    }
+    ++state.count;
+    if (stats.skipped) return stats;
+
+    const int64_t t = ++state.adam_count;
+    d::consts c{};
+    const bool clip_on = cfg_.max_grad_norm && *cfg_.max_grad_norm != 0.0;
+    c.clip = clip_on && !(static_cast<float>(stats.grad_norm) < static_cast<float>(*cfg_.max_grad_norm));
+    c.clip_num = clip_on ? static_cast<float>(*cfg_.max_grad_norm) : 1.0f;
+    c.clip_den = static_cast<float>(stats.grad_norm);
+    c.b1 = static_cast<float>(cfg_.beta1);
+    c.omb1 = static_cast<float>(1.0 - cfg_.beta1);
+    c.b2 = static_cast<float>(cfg_.beta2);
+    c.omb2 = static_cast<float>(1.0 - cfg_.beta2);
+    c.eps = static_cast<float>(cfg_.epsilon);
+    c.bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
+    c.bc1_next = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t + 1)));
+    c.bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
+    c.wd = static_cast<float>(cfg_.adamc_weight_decay ? cfg_.weight_decay * (lr / cfg_.learning_rate)
+                                                      : cfg_.weight_decay);
+    c.neg_lr = static_cast<float>(-lr);
+    const bool nest = cfg_.nesterov;
+
+    double usum = 0;
+    if (!cfg_.update_rms_clipping && !cfg_.clip_update_norm) {
+      const auto sq = d::per_chunk(chunks.size(), [&](int64_t i) {
+        const auto& ch = chunks[static_cast<std::size_t>(i)];
+        return d::dispatch<d::pass::fused>(c, leaves[ch.leaf], ch.begin, ch.end, 1.0f, 1.0f, nest);
+      });
+      for (double s : sq) usum += s;
+    } else {
+      const auto sq = d::per_chunk(chunks.size(), [&](int64_t i) {
+        const auto& ch = chunks[static_cast<std::size_t>(i)];
+        return d::dispatch<d::pass::moments>(c, leaves[ch.leaf], ch.begin, ch.end, 1.0f, 1.0f, nest);
+      });
+      std::vector<double> slice_sq(slice_leaf.size(), 0.0);
+      double total = 0;
+      for (std::size_t i = 0; i < chunks.size(); ++i) slice_sq[chunks[i].slice] += sq[i], total += sq[i];
+      std::vector<float> slice_div(slice_leaf.size(), 1.0f);
+      float mul = 1.0f;
+      if (cfg_.update_rms_clipping) {
+        // scan_aware_clip_by_block_rms: u / max(1, rms(u) / threshold), per leaf or per Stacked layer.
+        for (std::size_t s = 0; s < slice_leaf.size(); ++s) {
+          const auto& l = leaves[slice_leaf[s]];
+          const double rms = std::sqrt(slice_sq[s] / static_cast<double>(l.n / l.slices));
+          slice_div[s] = std::max(1.0f, static_cast<float>(rms / *cfg_.update_rms_clipping));
+        }
+      } else {
+        // clip_update_by_historical_norm: scale by threshold / norm when the norm exceeds the history's
+        // mean + sigma * std; the unclipped norm joins the history.
+        const double norm = std::sqrt(total);
+        auto& w = state.update_norms;
+        const double max_norm = w.ready() ? w.threshold(cfg_.clip_update_norm->sigma_factor)
+                                          : std::numeric_limits<double>::infinity();
+        if (norm > max_norm) mul = static_cast<float>(max_norm / std::max(norm, 1e-6));
+        w.push(norm);
+      }
+      const auto sq2 = d::per_chunk(chunks.size(), [&](int64_t i) {
+        const auto& ch = chunks[static_cast<std::size_t>(i)];
+        return d::dispatch<d::pass::apply>(c, leaves[ch.leaf], ch.begin, ch.end, slice_div[ch.slice], mul, nest);
+      });
+      for (double s : sq2) usum += s;
+    }
+    stats.update_norm = std::sqrt(usum);
+    return stats;
+  }
+
+ private:
+  AdamConfig cfg_;
+  std::optional<SkipStepConfig> skip_;
+  lr_schedule schedule_;
+};
+
+}  // namespace levanter::optim

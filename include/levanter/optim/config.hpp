@@ -1,0 +1,171 @@
+// levanter/optim/config.hpp: `optimizer:` and `optimizer.lr_schedule:`, upstream's OptimizerConfig/AdamConfig and
+// LrSchedule choice classes with their keys and defaults.
+#pragma once
+
+#include <tuple>
+
+#include <levanter/config/types.hpp>
+
+namespace levanter {
+
+struct CosineLrSchedule {
+  static constexpr std::string_view type_name = "cosine";
+  double exponent = 1.0;
+};
+struct ConstantLrSchedule {
+  static constexpr std::string_view type_name = "constant";
+};
+struct LinearLrSchedule {
+  static constexpr std::string_view type_name = "linear";
+};
+struct InvSqrtLrSchedule {
+  static constexpr std::string_view type_name = "inv_sqrt";
+  double timescale = 10000;
+};
+struct InvLrSchedule {
+  static constexpr std::string_view type_name = "inv";
+};
+struct PowerLrSchedule {
+  static constexpr std::string_view type_name = "power";
+  std::optional<int64_t> batch_size;  // required upstream (no default)
+  std::optional<int64_t> seq_length;  // required upstream (no default)
+  double a = 4.6;
+  double b = -0.51;
+};
+
+/// `lr_schedule: cosine` or `lr_schedule: {type: cosine, exponent: 2}`.
+using LrScheduleChoice = config::Choice<CosineLrSchedule, ConstantLrSchedule, LinearLrSchedule, InvSqrtLrSchedule,
+                                        InvLrSchedule, PowerLrSchedule>;
+
+/// Upstream SkipStepConfig: skip an update whose loss or gradient norm is above mean + sigma_factor * std of the
+/// last rolling_interval_length steps.
+struct SkipStepConfig {
+  int64_t rolling_interval_length = 128;
+  double sigma_factor = 6.0;
+};
+
+/// Upstream ClipUpdateNormConfig: clip the update norm to mean + sigma_factor * std of recent update norms.
+struct ClipUpdateNormConfig {
+  int64_t rolling_interval_length = 128;
+  double sigma_factor = 3.0;
+};
+
+/// `optimizer: {type: adam}` (AdamW): OptimizerConfig's schedule fields plus AdamConfig's own.
+struct AdamConfig {
+  static constexpr std::string_view type_name = "adam";
+
+  // OptimizerConfig
+  double learning_rate = 6e-4;
+  double weight_decay = 0.1;
+  double min_lr_ratio = 0.1;
+  double warmup = 0.01;
+  std::optional<double> decay;
+  double rewarmup = 0.0;
+  std::optional<double> cooldown;
+  std::optional<config::NumberOrList> cycle_length;
+  std::optional<config::NumberOrList> cycles;
+  LrScheduleChoice lr_schedule;
+  std::optional<std::vector<int64_t>> haps;
+  std::optional<config::StringOrList> weight_decay_modules;
+  std::optional<bool> default_weight_decay_mask;
+  // AdamConfig
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double epsilon = 1e-8;
+  std::optional<double> max_grad_norm = 1.0;
+  bool nesterov = false;
+  std::optional<double> update_rms_clipping;
+  std::optional<ClipUpdateNormConfig> clip_update_norm;
+  std::variant<bool, int64_t, SkipStepConfig> skip_bad_steps = false;
+  bool adamc_weight_decay = false;
+};
+
+/// `optimizer:`; only AdamW is implemented, the other upstream optimizers are refused by name.
+using OptimizerChoice = config::Choice<AdamConfig>;
+
+}  // namespace levanter
+
+template <>
+struct levanter::config::schema<levanter::CosineLrSchedule> {
+  using T = levanter::CosineLrSchedule;
+  static constexpr auto fields = std::make_tuple(
+      field("exponent", &T::exponent, "power applied to the cosine decay factor"));
+};
+template <>
+struct levanter::config::schema<levanter::ConstantLrSchedule> {
+  static constexpr auto fields = std::make_tuple();
+};
+template <>
+struct levanter::config::schema<levanter::LinearLrSchedule> {
+  static constexpr auto fields = std::make_tuple();
+};
+template <>
+struct levanter::config::schema<levanter::InvSqrtLrSchedule> {
+  using T = levanter::InvSqrtLrSchedule;
+  static constexpr auto fields = std::make_tuple(
+      field("timescale", &T::timescale, ""));
+};
+template <>
+struct levanter::config::schema<levanter::InvLrSchedule> {
+  static constexpr auto fields = std::make_tuple();
+};
+template <>
+struct levanter::config::schema<levanter::PowerLrSchedule> {
+  using T = levanter::PowerLrSchedule;
+  static constexpr auto fields = std::make_tuple(
+      field("batch_size", &T::batch_size, ""),
+      field("seq_length", &T::seq_length, ""),
+      field("a", &T::a, ""),
+      field("b", &T::b, ""));
+};
+template <>
+struct levanter::config::schema<levanter::SkipStepConfig> {
+  using T = levanter::SkipStepConfig;
+  static constexpr auto fields = std::make_tuple(
+      field("rolling_interval_length", &T::rolling_interval_length, "steps of history for the loss and gradient-norm statistics"),
+      field("sigma_factor", &T::sigma_factor, "skip when above mean + sigma_factor * std"));
+};
+template <>
+struct levanter::config::schema<levanter::ClipUpdateNormConfig> {
+  using T = levanter::ClipUpdateNormConfig;
+  static constexpr auto fields = std::make_tuple(
+      field("rolling_interval_length", &T::rolling_interval_length, "steps of update-norm history"),
+      field("sigma_factor", &T::sigma_factor, "clip to mean + sigma_factor * std"));
+};
+template <>
+struct levanter::config::schema<levanter::AdamConfig> {
+  using T = levanter::AdamConfig;
+  static constexpr auto fields = std::make_tuple(
+      field("learning_rate", &T::learning_rate, "peak learning rate"),
+      field("weight_decay", &T::weight_decay, "decoupled (AdamW) weight decay"),
+      field("min_lr_ratio", &T::min_lr_ratio, "final learning rate as a fraction of the peak"),
+      field("warmup", &T::warmup, "linear warmup: a fraction of the steps (< 1) or a number of steps"),
+      field("decay", &T::decay, "decay length: fraction or steps (unset: the rest of each cycle)"),
+      field("rewarmup", &T::rewarmup, "warmup at the start of each later cycle: fraction of the cycle or steps"),
+      field("cooldown", &T::cooldown, "deprecated upstream: a final linear cooldown to min_lr (fraction or steps)"),
+      field("cycle_length", &T::cycle_length, "length of each cycle: fraction or steps, or a list of cycle lengths"),
+      field("cycles", &T::cycles, "number of cycles, or a list of cycle end steps"),
+      field("lr_schedule", &T::lr_schedule, "decay shape: constant, cosine, linear, inv_sqrt, inv, power"),
+      field("haps", &T::haps, "deprecated upstream: list of cycle boundaries (use cycles)"),
+      field("weight_decay_modules", &T::weight_decay_modules, "regex (string) or substrings (list) of parameter paths to decay"),
+      field("default_weight_decay_mask", &T::default_weight_decay_mask, "spare norms, embeddings and biases from decay (unset: when no modules given)"),
+      field("beta1", &T::beta1, "Adam first-moment decay"),
+      field("beta2", &T::beta2, "Adam second-moment decay"),
+      field("epsilon", &T::epsilon, "Adam denominator epsilon"),
+      field("max_grad_norm", &T::max_grad_norm, "clip gradients to this global norm (unset or 0: no clipping)"),
+      field("nesterov", &T::nesterov, "Nesterov momentum in the first moment"),
+      field("update_rms_clipping", &T::update_rms_clipping, "clip each parameter's update to this RMS"),
+      field("clip_update_norm", &T::clip_update_norm, "clip the update norm from its rolling statistics"),
+      field("skip_bad_steps", &T::skip_bad_steps, "skip updates with outlier loss or gradient norm (bool, history length, or config)"),
+      field("adamc_weight_decay", &T::adamc_weight_decay, "AdamC: scale weight decay with lr / peak lr"));
+};
+
+template <>
+struct levanter::config::unsupported_choices<levanter::OptimizerChoice> {
+  static constexpr unsupported_choice names[] = {
+      {"lion", "use type: adam"},     {"sophia-h", "use type: adam"}, {"muon", "use type: adam"},
+      {"scion", "use type: adam"},    {"mars", "use type: adam"},     {"mini", "use type: adam"},
+      {"adopt", "use type: adam"},    {"cautious", "use type: adam"}, {"rmsprop", "use type: adam"},
+      {"soap", "use type: adam"},     {"kron", "use type: adam"},
+  };
+};
