@@ -64,9 +64,9 @@ std::vector<double> logged_losses(const fs::path& metrics) {
   return out;
 }
 
-levanter::train_result run(const levanter::TrainLmConfig& cfg) {
+levanter::train_result run(const levanter::TrainLmConfig& cfg, const std::vector<levanter::hook>& hooks = {}) {
   std::ostringstream sink;
-  return levanter::run_train_lm(cfg, levanter::config::to_yaml_string(cfg), sink);
+  return levanter::run_train_lm(cfg, levanter::config::to_yaml_string(cfg), sink, hooks);
 }
 
 }  // namespace
@@ -76,7 +76,11 @@ TEST_CASE("train_lm: a tiny run trains and leaves config, metrics and summary in
   write_corpus(dir / "train.jsonl", 200, 1);
   write_corpus(dir / "valid.jsonl", 20, 2);
   auto cfg = tiny_config(dir);
-  auto res = run(cfg);
+  std::vector<std::int64_t> every5, at_end;
+  auto res = run(cfg, {levanter::hook{5, [&](const levanter::step_info& s) { every5.push_back(s.step); }},
+                       levanter::hook{0, [&](const levanter::step_info& s) { at_end.push_back(s.step); }, true}});
+  CHECK(every5 == std::vector<std::int64_t>{5, 10});
+  CHECK(at_end == std::vector<std::int64_t>{12});
   CHECK(res.steps == 12);
   CHECK(res.final_loss < res.first_loss - 0.5);
   CHECK(res.first_loss == doctest::Approx(std::log(257.0)).epsilon(0.05));

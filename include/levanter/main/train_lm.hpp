@@ -102,9 +102,11 @@ inline json yaml_to_json(const YAML::Node& n) {
 
 }  // namespace detail
 
-/// Trains as `cfg` says. `out` receives the progress lines. Throws config::config_error, data::data_error or
-/// training_error with a message for the user.
-inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& resolved_yaml, std::ostream& out) {
+/// Trains as `cfg` says. `out` receives the progress lines; each hook runs every `every` steps after the update
+/// (and after the last step when `at_end`). Throws config::config_error, data::data_error or training_error with
+/// a message for the user.
+inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& resolved_yaml, std::ostream& out,
+                                 const std::vector<hook>& hooks = {}) {
   namespace fs = std::filesystem;
   const auto& t = cfg.trainer;
   const auto* mc_ptr = cfg.model.get_if<Gpt2Config>();
@@ -241,6 +243,11 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
                         metrics["throughput/mfu"].get<double>(), eta));
     }
     if (t.steps_per_eval > 0 && (step + 1) % t.steps_per_eval == 0 && step + 1 < t.num_train_steps) run_eval(step + 1);
+    if (!hooks.empty()) {
+      const step_info info{step + 1, t.num_train_steps, loss, stats.learning_rate, secs, B * mc.seq_len};
+      for (const auto& h : hooks)
+        if ((h.every > 0 && (step + 1) % h.every == 0) || (h.at_end && step + 1 == t.num_train_steps)) h.fn(info);
+    }
   }
   res.eval_loss = run_eval(res.steps);
   res.tokens = meter.total_tokens;
