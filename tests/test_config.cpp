@@ -571,12 +571,17 @@ TEST_CASE("validate: unsupported features are refused with what to use instead")
     auto v = validate_yaml(kGood, c.args);
     CHECK_MESSAGE(contains(joined(v.errors), c.expected), c.args[0] << " -> " << joined(v.errors));
   }
-  // bf16 compute and f32 are fine; JAX-only keys are notes
+  // bf16 compute is accepted with a note (it runs in f32 here); JAX-only keys are notes
   auto v = validate_yaml(kGood, {"--trainer.mp", "p=f32,c=bfloat16", "--trainer.jax_config", "{a: 1}",
                                  "--trainer.log_jaxprs", "false", "--trainer.require_accelerator", "false"});
   CHECK_MESSAGE(v.ok(), joined(v.errors));
-  CHECK(v.notes.size() == 3);
+  CHECK(v.notes.size() == 4);
+  CHECK(contains(joined(v.notes), "trainer.mp"));
   CHECK(contains(joined(v.notes), "trainer.jax_config (command line): ignored (JAX-specific)"));
+  // A checkpointer section is checked; the note says nothing is written yet.
+  v = validate_yaml(kGood, {"--trainer.checkpointer.save_interval", "5m"});
+  CHECK_MESSAGE(v.ok(), joined(v.errors));
+  CHECK(contains(joined(v.notes), "no checkpoints are written yet"));
   v = validate_yaml(kGood, {"--data.tokenizer", "/models/tokenizer.json", "--data.shuffle", "true",
                             "--data.permutation_type", "feistel", "--trainer.tensor_parallel_axes", "[heads, mlp]"});
   CHECK_MESSAGE(v.ok(), joined(v.errors));

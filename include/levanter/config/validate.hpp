@@ -34,6 +34,12 @@ struct validator {
   validation_result result;
 
   bool set_in_config(const std::string& key) const { return sources.count(key) != 0; }
+  /// Whether the config sets `prefix` or any key below it.
+  bool set_under(const std::string& prefix) const {
+    auto it = sources.lower_bound(prefix);
+    return it != sources.end() && it->first.compare(0, prefix.size(), prefix) == 0 &&
+           (it->first.size() == prefix.size() || it->first[prefix.size()] == '.');
+  }
   std::string at(const std::string& key, const std::string& fallback = "") const {
     auto it = sources.find(key);
     const std::string w = it != sources.end() ? it->second : fallback;
@@ -135,10 +141,16 @@ inline void check_dtype(validator& v, const MpPolicy& mp) {
   if (bad(mp.param) || bad(mp.compute) || bad(mp.output))
     v.refuse("trainer.mp", "float16 and float64 policies are not supported (float16 needs loss scaling)",
              "use f32, bfloat16, or p=f32,c=bfloat16");
+  else if (mp.param == dtype::bf16 || mp.compute == dtype::bf16 || mp.output == dtype::bf16)
+    v.note("trainer.mp", "bfloat16 compute is not implemented on this backend yet: the run computes in f32 (its "
+                         "losses will differ slightly from an upstream bfloat16 run)");
 }
 
 inline void check_trainer(validator& v, const TrainerConfig& t) {
   check_dtype(v, t.mp);
+  if (v.set_under("trainer.checkpointer"))
+    v.note("trainer.checkpointer", "checked, but no checkpoints are written yet (saving and resuming arrive with the "
+                                   "checkpoint support)");
   for (std::size_t i = 0; i < t.tracker.items.size(); ++i) {
     const std::string key = t.tracker.is_list ? join_index("trainer.tracker", i) : "trainer.tracker";
     const auto& tr = t.tracker.items[i];
