@@ -74,6 +74,12 @@ int main(int argc, char** argv) {
   } catch (const levanter::data::data_error& e) {
     std::cerr << "train_lm: data error: " << e.what() << "\n";
     return 3;
+  } catch (const levanter::checkpoint::error& e) {
+    std::cerr << "train_lm: checkpoint error: " << e.what() << "\n";
+    return 5;
+  } catch (const levanter::hf::error& e) {
+    std::cerr << "train_lm: Hugging Face checkpoint error: " << e.what() << "\n";
+    return 5;
   } catch (const levanter::training_error& e) {
     std::cerr << "train_lm: stopped: " << e.what() << "\n";
     return 4;

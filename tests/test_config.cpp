@@ -551,14 +551,15 @@ TEST_CASE("validate: unsupported features are refused with what to use instead")
       {{"--trainer.watch", "{interval: 10}"}, "trainer.watch"},
       {{"--trainer.profiler", "true"}, "trainer.profiler"},
       {{"--initialize_from_hf", "true"}, "initialize_from_hf"},
-      {{"--initialize_from_hf", "gpt2"}, "initialize_from_hf"},
-      {{"--use_hf_model_config", "true"}, "use_hf_model_config"},
-      {{"--hf_save_path", "out"}, "hf_save_path"},
+      {{"--initialize_from_hf", "hf://openai-community/gpt2"}, "initialize_from_hf (command line): 'hf://openai-community/gpt2' is a remote URL"},
+      {{"--use_hf_model_config", "true"}, "use_hf_model_config (command line): takes the model config from initialize_from_hf"},
+      {{"--hf_save_path", "gs://bucket/hf"}, "hf_save_path (command line): 'gs://bucket/hf' is a remote URL"},
+      {{"--hf_save_dtype", "int8"}, "hf_save_dtype (command line): unknown dtype 'int8'"},
       {{"--hf_upload", "me/model"}, "hf_upload"},
       {{"--eval_harness", "{task_spec: [x]}"}, "eval_harness"},
       {{"--log_entropy", "true"}, "log_entropy"},
-      {{"--initialize_from_checkpoint_path", "ckpt"}, "initialize_from_checkpoint_path"},
-      {{"--trainer.initialize_from", "ckpt"}, "trainer.initialize_from"},
+      {{"--initialize_from_checkpoint_path", "s3://b/ckpt"}, "initialize_from_checkpoint_path (command line): 's3://b/ckpt' is a remote URL"},
+      {{"--trainer.initialize_from", "gs://b/run"}, "trainer.initialize_from (command line): 'gs://b/run' is a remote URL"},
       {{"--epoch", "2"}, "epoch (command line): epoch-bounded training"},
       {{"--trainer.mp", "p=f32,c=f16"}, "trainer.mp (command line): float16"},
       {{"--optimizer.cooldown", "0.1"}, "optimizer.cooldown (command line): cooldown is deprecated upstream"},
@@ -578,10 +579,12 @@ TEST_CASE("validate: unsupported features are refused with what to use instead")
   CHECK(v.notes.size() == 4);
   CHECK(contains(joined(v.notes), "trainer.mp"));
   CHECK(contains(joined(v.notes), "trainer.jax_config (command line): ignored (JAX-specific)"));
-  // A checkpointer section is checked; the note says nothing is written yet.
-  v = validate_yaml(kGood, {"--trainer.checkpointer.save_interval", "5m"});
+  // Checkpoint and Hugging Face settings with local paths are fine.
+  v = validate_yaml(kGood, {"--trainer.checkpointer.save_interval", "5m", "--trainer.initialize_from", "other/run",
+                            "--initialize_from_hf", "models/gpt2", "--use_hf_model_config", "true", "--hf_save_path",
+                            "hf", "--hf_save_dtype", "bfloat16", "--initialize_from_checkpoint_path", "ckpt/step-10"});
   CHECK_MESSAGE(v.ok(), joined(v.errors));
-  CHECK(contains(joined(v.notes), "no checkpoints are written yet"));
+  CHECK(v.notes.empty());
   v = validate_yaml(kGood, {"--data.tokenizer", "/models/tokenizer.json", "--data.shuffle", "true",
                             "--data.permutation_type", "feistel", "--trainer.tensor_parallel_axes", "[heads, mlp]"});
   CHECK_MESSAGE(v.ok(), joined(v.errors));

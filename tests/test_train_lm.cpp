@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ levanter::TrainLmConfig tiny_config(const fs::path& dir, const std::string& extr
                            "model: {type: gpt2, seq_len: 32, hidden_dim: 32, num_heads: 2, num_layers: 2}\n"
                            "trainer:\n  num_train_steps: 12\n  train_batch_size: 4\n  steps_per_eval: 6\n"
                            "  max_eval_batches: 2\n  id: test\n  log_dir: \"" + (dir / "logs").string() + "\"\n" +
+                           "  checkpointer: {base_path: \"" + (dir / "checkpoints").string() + "\"}\n" +
                            "optimizer: {learning_rate: 3e-3, warmup: 2}\n" + extra;
   const char* argv[] = {"train_lm"};
   auto parsed = levanter::config::parse_command_line<levanter::TrainLmConfig>(1, argv, yaml, "<test>");
@@ -214,4 +216,158 @@ TEST_CASE("train_lm: batch-size schedules give upstream's data offsets") {
   CHECK(s.at(0) == 4);
   CHECK(s.at(19) == 8);
   CHECK(s.at(100) == 16);
+}
+
+namespace {
+
+/// The last logged train/loss of every step, as the exact text json_logger wrote (a resumed run logs the steps
+/// after its checkpoint again; the later record wins).
+std::map<std::int64_t, std::string> loss_log(const fs::path& metrics) {
+  std::map<std::int64_t, std::string> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == "log" && j["metrics"].contains("train/loss"))
+      out[j["step"].get<std::int64_t>()] = j["metrics"]["train/loss"].dump();
+  }
+  return out;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+struct stop_here : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace
+
+TEST_CASE("train_lm: a run interrupted and resumed equals an uninterrupted one, bitwise") {
+  auto dir = temp_dir("resume");
+  write_corpus(dir / "train.jsonl", 100, 8);
+  write_corpus(dir / "valid.jsonl", 10, 9);
+  auto cfg = tiny_config(dir);
+  cfg.data.shuffle = true;
+  cfg.trainer.checkpointer.keep = {levanter::KeepPolicy{4, std::nullopt}};
+  cfg.trainer.id = "whole";
+  auto whole = run(cfg);
+  CHECK(whole.start_step == 0);
+  REQUIRE(whole.last_checkpoint.has_value());
+  CHECK(fs::path(*whole.last_checkpoint).filename() == "step-12");
+
+  // The same run stopped after step 7 (a hook throws, as a crash would stop it), then started again.
+  cfg.trainer.id = "split";
+  CHECK_THROWS_AS(run(cfg, {levanter::hook{7, [](const levanter::step_info&) { throw stop_here("killed"); }}}), stop_here);
+  const fs::path ck = dir / "checkpoints" / "split";
+  CHECK(fs::exists(ck / "step-4" / "metadata.json"));
+  CHECK_FALSE(fs::exists(ck / "step-8"));
+  auto resumed = run(cfg);
+  CHECK(resumed.start_step == 4);
+  REQUIRE(resumed.resumed_from.has_value());
+  CHECK(fs::path(*resumed.resumed_from).filename() == "step-4");
+  CHECK(resumed.final_loss == whole.final_loss);
+
+  const auto a = loss_log(dir / "logs" / "whole" / "metrics.jsonl");
+  const auto b = loss_log(dir / "logs" / "split" / "metrics.jsonl");
+  REQUIRE(a.size() == 12);
+  CHECK(a == b);
+  // Final parameters and optimizer state: the same bytes.
+  for (const char* f : {"model.h5", "opt_state.h5", "training_state.h5"})
+    CHECK_MESSAGE(file_bytes(dir / "checkpoints" / "whole" / "step-12" / f) == file_bytes(ck / "step-12" / f), f);
+
+  // Running it again finds step 12 and has nothing left to do.
+  auto again = run(cfg);
+  CHECK(again.start_step == 12);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("train_lm: resume skips a torn checkpoint, refuses to restart over unreadable ones, and initialize_from") {
+  auto dir = temp_dir("torn");
+  write_corpus(dir / "train.jsonl", 100, 10);
+  write_corpus(dir / "valid.jsonl", 10, 11);
+  auto cfg = tiny_config(dir);
+  cfg.trainer.num_train_steps = 8;
+  cfg.trainer.checkpointer.keep = {levanter::KeepPolicy{4, std::nullopt}};
+  cfg.trainer.id = "r";
+  run(cfg);
+  const fs::path ck = dir / "checkpoints" / "r";
+  REQUIRE(fs::exists(ck / "step-8" / "opt_state.h5"));
+  fs::resize_file(ck / "step-8" / "opt_state.h5", 1000);
+  cfg.trainer.num_train_steps = 10;
+  std::ostringstream out;
+  auto res = levanter::run_train_lm(cfg, levanter::config::to_yaml_string(cfg), out);
+  CHECK(res.start_step == 4);
+  CHECK(out.str().find("step-8") != std::string::npos);
+  CHECK(out.str().find("torn") != std::string::npos);
+
+  // Every checkpoint unreadable: an error, not a silent restart at step 0.
+  for (const auto& e : fs::directory_iterator(ck))
+    if (fs::exists(e.path() / "model.h5")) fs::resize_file(e.path() / "model.h5", 10);
+  CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("none could be loaded"), levanter::checkpoint::error);
+
+  // load_checkpoint: true with nothing there is an error; false ignores what is there.
+  auto must = cfg;
+  must.trainer.id = "nothing";
+  must.trainer.load_checkpoint = true;
+  CHECK_THROWS_WITH_AS(run(must), doctest::Contains("trainer.load_checkpoint is true but there is no checkpoint"),
+                       levanter::checkpoint::error);
+  auto fresh = cfg;
+  fresh.trainer.load_checkpoint = false;
+  fresh.trainer.num_train_steps = 3;
+  CHECK(run(fresh).start_step == 0);
+
+  // initialize_from: another run's checkpoint, its step included; saves go to this run's own directory.
+  auto src = cfg;
+  src.trainer.id = "src";
+  src.trainer.num_train_steps = 4;
+  const auto src_res = run(src);
+  auto child = cfg;
+  child.trainer.id = "child";
+  child.trainer.num_train_steps = 6;
+  child.trainer.initialize_from = (dir / "checkpoints" / "src").string();
+  auto r = run(child);
+  CHECK(r.start_step == 4);
+  CHECK(fs::exists(dir / "checkpoints" / "child" / "step-6" / "metadata.json"));
+  // initialize_from_checkpoint_path: the model only, at step 0.
+  auto init_model = cfg;
+  init_model.trainer.id = "from_model";
+  init_model.trainer.num_train_steps = 3;
+  init_model.initialize_from_checkpoint_path = (dir / "checkpoints" / "src" / "step-4").string();
+  auto rm = run(init_model);
+  CHECK(rm.start_step == 0);
+  // It starts from trained weights, not from about ln(vocab).
+  CHECK(rm.first_loss < src_res.first_loss - 0.5 * (src_res.first_loss - src_res.final_loss));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("train_lm: initialize_from_hf and hf_save_path") {
+  auto dir = temp_dir("hf");
+  write_corpus(dir / "train.jsonl", 100, 12);
+  write_corpus(dir / "valid.jsonl", 10, 13);
+  // Export during training, then start a new run from that export with the model config taken from it.
+  auto cfg = tiny_config(dir);
+  cfg.trainer.num_train_steps = 6;
+  cfg.trainer.id = "exp";
+  cfg.hf_save_path = (dir / "hf").string();
+  cfg.hf_save_steps = 3;
+  auto first = run(cfg);
+  CHECK(fs::exists(dir / "hf" / "exp" / "step-3" / "model.safetensors"));
+  CHECK(fs::exists(dir / "hf" / "exp" / "step-6" / "config.json"));
+  auto next = tiny_config(dir);
+  next.trainer.id = "imp";
+  next.trainer.num_train_steps = 3;
+  next.initialize_from_hf = (dir / "hf" / "exp" / "step-6").string();
+  next.use_hf_model_config = true;
+  next.model.get_if<levanter::Gpt2Config>()->hidden_dim = 64;  // replaced by the checkpoint's 32
+  auto second = run(next);
+  CHECK(second.start_step == 0);
+  CHECK(second.parameters == first.parameters);
+  CHECK(second.first_loss < first.first_loss - 0.5 * (first.first_loss - first.final_loss));
+  // Without use_hf_model_config, an architecture mismatch is an error naming both values.
+  next.use_hf_model_config = false;
+  CHECK_THROWS_WITH_AS(run(next), doctest::Contains("n_embd 32 but the model config says 64"), levanter::hf::error);
+  fs::remove_all(dir);
 }

@@ -5,11 +5,17 @@
 #include <haliax/haliax.hpp>
 #include <haliax/tree.hpp>
 
+#include <levanter/checkpoint/checkpointer.hpp>
+#include <levanter/checkpoint/h5.hpp>
+#include <levanter/checkpoint/train_state.hpp>
+#include <levanter/compat/hf_gpt2.hpp>
+#include <levanter/compat/safetensors.hpp>
 #include <levanter/config/cli.hpp>
 #include <levanter/config/train_lm_config.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/config/yaml.hpp>
 #include <levanter/data/text.hpp>
+#include <levanter/main/hf_convert.hpp>
 #include <levanter/main/train_lm.hpp>
 #include <levanter/models/gpt2.hpp>
 #include <levanter/optim/adamw.hpp>

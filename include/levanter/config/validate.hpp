@@ -148,9 +148,6 @@ inline void check_dtype(validator& v, const MpPolicy& mp) {
 
 inline void check_trainer(validator& v, const TrainerConfig& t) {
   check_dtype(v, t.mp);
-  if (v.set_under("trainer.checkpointer"))
-    v.note("trainer.checkpointer", "checked, but no checkpoints are written yet (saving and resuming arrive with the "
-                                   "checkpoint support)");
   for (std::size_t i = 0; i < t.tracker.items.size(); ++i) {
     const std::string key = t.tracker.is_list ? join_index("trainer.tracker", i) : "trainer.tracker";
     const auto& tr = t.tracker.items[i];
@@ -174,9 +171,7 @@ inline void check_trainer(validator& v, const TrainerConfig& t) {
   if (t.profiler)
     v.refuse("trainer.profiler", "the JAX profiler is not supported", "use perf or nsys on the process; set "
              "profiler: false");
-  if (t.initialize_from)
-    v.refuse("trainer.initialize_from", "initializing from another run is not supported yet",
-             "copy that run's checkpoint and set trainer.load_checkpoint_path");
+  if (t.initialize_from) check_remote(v, "trainer.initialize_from", *t.initialize_from, "directory");
   if (t.shutdown_at_exit)
     v.refuse("trainer.shutdown_at_exit", "shutting the machine down at exit is not supported",
              "set shutdown_at_exit: false");
@@ -344,16 +339,19 @@ inline validation_result validate(const TrainLmConfig& cfg, const source_map& so
   if (auto* o = cfg.optimizer.get_if<AdamConfig>()) detail::check_optimizer(v, *o);
 
   if (auto* b = std::get_if<bool>(&cfg.initialize_from_hf); b && *b)
-    v.refuse("initialize_from_hf", "initializing from a Hugging Face checkpoint is not supported yet",
-             "set initialize_from_hf: false");
+    v.refuse("initialize_from_hf", "initialize_from_hf: true downloads the model's reference checkpoint from the "
+             "Hugging Face Hub, which is not reachable here",
+             "download it (huggingface-cli download gpt2 --local-dir DIR) and set initialize_from_hf: DIR");
   if (auto* s = std::get_if<std::string>(&cfg.initialize_from_hf))
-    v.refuse("initialize_from_hf", "initializing from a Hugging Face checkpoint ('" + *s + "') is not supported yet",
-             "remove initialize_from_hf");
-  if (cfg.use_hf_model_config)
-    v.refuse("use_hf_model_config", "taking the model config from a Hugging Face checkpoint is not supported yet",
-             "write the model section out (type: gpt2, hidden_dim, ...)");
-  if (cfg.hf_save_path)
-    v.refuse("hf_save_path", "Hugging Face export during training is not supported yet", "remove hf_save_path");
+    check_remote(v, "initialize_from_hf", *s, "directory");
+  if (cfg.use_hf_model_config && !std::holds_alternative<std::string>(cfg.initialize_from_hf))
+    v.error("use_hf_model_config", "takes the model config from initialize_from_hf, which is not set to a directory");
+  if (cfg.hf_save_path) check_remote(v, "hf_save_path", *cfg.hf_save_path, "directory");
+  if (cfg.hf_save_steps <= 0) v.error("hf_save_steps", "must be positive");
+  if (cfg.hf_save_dtype && *cfg.hf_save_dtype != "float32" && *cfg.hf_save_dtype != "bfloat16" &&
+      *cfg.hf_save_dtype != "float16" && *cfg.hf_save_dtype != "f32" && *cfg.hf_save_dtype != "bf16" &&
+      *cfg.hf_save_dtype != "f16" && *cfg.hf_save_dtype != "fp32" && *cfg.hf_save_dtype != "fp16")
+    v.error("hf_save_dtype", "unknown dtype '" + *cfg.hf_save_dtype + "': use float32, bfloat16 or float16");
   if (cfg.hf_upload.set)
     v.refuse("hf_upload", "uploading to the Hugging Face hub is not supported (no network here)", "remove hf_upload",
              cfg.hf_upload.where);
@@ -362,8 +360,7 @@ inline validation_result validate(const TrainLmConfig& cfg, const source_map& so
              cfg.eval_harness.where);
   if (cfg.log_entropy) v.refuse("log_entropy", "entropy histograms are not supported yet", "set log_entropy: false");
   if (cfg.initialize_from_checkpoint_path)
-    v.refuse("initialize_from_checkpoint_path", "loading a checkpoint at step 0 is not supported yet",
-             "resume with trainer.load_checkpoint_path instead");
+    check_remote(v, "initialize_from_checkpoint_path", *cfg.initialize_from_checkpoint_path, "directory");
   if (cfg.epoch > 0)
     v.refuse("epoch", "epoch-bounded training (epoch " + std::to_string(cfg.epoch) + ") is not supported yet",
              "use epoch: 0 and bound the run with trainer.num_train_steps");

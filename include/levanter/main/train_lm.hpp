@@ -4,15 +4,24 @@
 //
 // Run directory `<trainer.log_dir>/<run id>/`: `config.yaml` (the resolved config), `metrics.jsonl` (json_logger
 // records), `summary.json` (written at the end), `train_lm.log` (the progress lines).
+//
+// Checkpoints go to `<trainer.checkpointer.base_path>/<run id>/step-N/` (checkpoint/checkpointer.hpp). A run
+// resumes from the newest complete checkpoint there (or under trainer.load_checkpoint_path), else from
+// trainer.initialize_from (another run, its step included), else starts at step 0, optionally with the model
+// of initialize_from_checkpoint_path or a local Hugging Face directory (initialize_from_hf). Every batch is a
+// pure function of (config, seed, step), so a resumed run computes exactly what an uninterrupted one does.
 #pragma once
 
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <unistd.h>
 
 #include <haliax/autodiff.hpp>
+#include <levanter/checkpoint/train_state.hpp>
+#include <levanter/compat/hf_gpt2.hpp>
 #include <levanter/config/cli.hpp>
 #include <levanter/config/train_lm_config.hpp>
 #include <levanter/config/validate.hpp>
@@ -36,6 +45,9 @@ struct train_result {
   std::int64_t tokens = 0;
   double seconds = 0;
   std::int64_t parameters = 0;
+  std::int64_t start_step = 0;           ///< the step training began at (the resumed checkpoint's step, or 0)
+  std::optional<std::string> resumed_from;  ///< the checkpoint directory loaded, when resuming
+  std::optional<std::string> last_checkpoint;  ///< the last checkpoint committed by this run
 };
 
 namespace detail {
@@ -112,7 +124,6 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   const auto* mc_ptr = cfg.model.get_if<Gpt2Config>();
   const auto* opt_cfg = cfg.optimizer.get_if<AdamConfig>();
   if (!mc_ptr || !opt_cfg) throw config::config_error("train_lm: only model.type gpt2 and optimizer.type adam are supported");
-  const Gpt2Config& mc = *mc_ptr;
 
   // Run directory, resolved config, trackers.
   const std::string run_id = resolve_run_id(t.id);
@@ -121,7 +132,9 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   write_file_atomic(run_dir / "config.yaml", resolved_yaml);
   auto trk = detail::make_tracker(t, run_dir);
   std::ofstream log_file(run_dir / "train_lm.log", std::ios::app);
+  std::mutex say_mu;  // the checkpointer reports from its writer thread
   auto say = [&](const std::string& line) {
+    std::lock_guard lk(say_mu);
     out << line << std::endl;
     log_file << line << std::endl;
   };
@@ -129,11 +142,30 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   // Keys as upstream: data, loader, model, training.
   auto keys = haliax::random::split(haliax::random::make_key(static_cast<std::uint64_t>(t.seed)), 4);
   auto data_key = cfg.data_seed ? haliax::random::make_key(static_cast<std::uint64_t>(*cfg.data_seed)) : keys[0];
-  const auto model_key = keys[2], training_key = keys[3];
+  const auto model_key = keys[2];
+  auto training_key = keys[3];
+
+  // A Hugging Face model to start from: its config.json may also give the model config.
+  Gpt2Config mc_hf;
+  std::optional<hf::gpt2_dir> hf_init;
+  if (const auto* hf_path = std::get_if<std::string>(&cfg.initialize_from_hf)) {
+    hf_init.emplace(hf::open_gpt2_dir(*hf_path, "initialize_from_hf"));
+    if (cfg.use_hf_model_config) {
+      mc_hf = hf::merge_hf_config(*mc_ptr, hf_init->config, *hf_path + "/config.json");
+      mc_ptr = &mc_hf;
+    } else {
+      hf::check_matches(*mc_ptr, hf_init->config, "initialize_from_hf '" + *hf_path + "'");
+    }
+  }
+  const Gpt2Config& mc = *mc_ptr;
 
   // Data (validation refused every tokenizer but the byte one before we get here).
   const data::byte_tokenizer tok;
-  const std::int64_t vocab = cfg.data.vocab_size.value_or(data::byte_tokenizer::vocab_size);
+  const std::int64_t vocab = hf_init ? hf_init->vocab_size : cfg.data.vocab_size.value_or(data::byte_tokenizer::vocab_size);
+  if (hf_init && vocab < data::byte_tokenizer::vocab_size)
+    throw config::config_error("initialize_from_hf: the checkpoint's vocabulary (" + std::to_string(vocab) +
+                               " tokens) is smaller than the byte tokenizer's " +
+                               std::to_string(data::byte_tokenizer::vocab_size));
   if (vocab < data::byte_tokenizer::vocab_size)
     throw config::config_error("data.vocab_size " + std::to_string(vocab) + " is smaller than the byte tokenizer's " +
                                std::to_string(data::byte_tokenizer::vocab_size));
@@ -157,6 +189,72 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   const std::int64_t n_params = haliax::tree::parameter_count(model);
   optim::adamw opt(*opt_cfg, t.num_train_steps);
   auto opt_state = opt.init(model);
+
+  // Resume, or initialise from elsewhere.
+  const auto ck_policy = checkpoint::policy_from_config(t.checkpointer, run_id);
+  std::int64_t start_step = 0;
+  std::optional<std::string> resumed_from;
+  auto load_full = [&](const checkpoint::checkpoint_info& c) {
+    auto loaded = checkpoint::load_train_state(c, model, &opt_state, t.allow_partial_checkpoint);
+    if (!loaded.had_opt_state)
+      throw checkpoint::error("'" + c.path.string() + "' holds no optimizer state (a model-only checkpoint: use "
+                              "initialize_from_checkpoint_path to start a run from it)");
+    for (const auto& m : loaded.missing) say("train_lm: checkpoint lacks '" + m + "'; keeping its initial value");
+    start_step = loaded.step;
+    if (loaded.training_key) training_key = *loaded.training_key;
+    resumed_from = c.path.string();
+  };
+  auto log_line = [&](const std::string& m) { say("train_lm: " + m); };
+  checkpoint::resume_outcome outcome = checkpoint::resume_outcome::none_found;
+  if (t.load_checkpoint.value_or(true)) {
+    const fs::path where = t.load_checkpoint_path ? fs::path(*t.load_checkpoint_path) : ck_policy.base_path;
+    outcome = checkpoint::resume_newest(where, load_full, log_line);
+    if (outcome == checkpoint::resume_outcome::none_found) {
+      if (t.load_checkpoint.value_or(false))
+        throw checkpoint::error("trainer.load_checkpoint is true but there is no checkpoint under '" + where.string() +
+                                "' (check trainer.load_checkpoint_path / trainer.checkpointer.base_path and trainer.id)");
+      if (!t.initialize_from) say("train_lm: no checkpoint under " + where.string() + "; starting at step 0");
+    }
+  }
+  if (outcome == checkpoint::resume_outcome::none_found && t.initialize_from) {
+    outcome = checkpoint::resume_newest(*t.initialize_from, load_full, log_line);
+    if (outcome == checkpoint::resume_outcome::none_found)
+      throw checkpoint::error("trainer.initialize_from: there is no checkpoint under '" + *t.initialize_from + "'");
+  }
+  if (outcome == checkpoint::resume_outcome::loaded) {
+    say("train_lm: resumed from " + *resumed_from + " at step " + std::to_string(start_step));
+  } else if (cfg.initialize_from_checkpoint_path) {
+    auto loaded_model = [&](const checkpoint::checkpoint_info& c) {
+      auto l = checkpoint::load_train_state<gpt2::LMHeadModel>(c, model, nullptr, t.allow_partial_checkpoint);
+      say("train_lm: model initialised from " + c.path.string() + " (step " + std::to_string(l.step) + ")");
+    };
+    if (checkpoint::resume_newest(*cfg.initialize_from_checkpoint_path, loaded_model, log_line) ==
+        checkpoint::resume_outcome::none_found)
+      throw checkpoint::error("initialize_from_checkpoint_path: there is no checkpoint under '" +
+                              *cfg.initialize_from_checkpoint_path + "'");
+  } else if (hf_init) {
+    hf::load_gpt2(*hf_init, model);
+    say("train_lm: model initialised from the Hugging Face checkpoint " + hf_init->dir);
+  }
+  if (start_step >= t.num_train_steps && resumed_from)
+    say("train_lm: the checkpoint is already at step " + std::to_string(start_step) + " of " +
+        std::to_string(t.num_train_steps) + "; nothing to train");
+  checkpoint::checkpointer ckpt(ck_policy, {}, log_line);
+  if (resumed_from) ckpt.resumed_at(start_step);
+  if (!t.id && !std::getenv("RUN_ID"))
+    say("train_lm: to resume this run after an interruption, run it again with --trainer.id " + run_id);
+  auto state_files = [&](std::int64_t step) {
+    return checkpoint::train_state_files(model, &opt_state, step, training_key, data_offset_at(t.train_batch_size, step),
+                                         resolved_yaml);
+  };
+  const std::optional<fs::path> hf_save_dir =
+      cfg.hf_save_path ? std::optional<fs::path>(fs::path(*cfg.hf_save_path) / run_id) : std::nullopt;
+  auto export_hf = [&](std::int64_t step) {
+    const auto dir = *hf_save_dir / ("step-" + std::to_string(step));
+    hf::save_gpt2(model, mc, vocab, dir.string(), hf::dtype_from_config(cfg.hf_save_dtype), hf::default_max_shard_bytes,
+                  data::byte_tokenizer::eos_id);
+    say("train_lm: exported a Hugging Face checkpoint to " + dir.string());
+  };
 
   throughput_meter meter;
   meter.flops_per_token = 3.0 * mc.flops_per_token(vocab);
@@ -190,9 +288,12 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   train_result res;
   res.run_dir = run_dir.string();
   res.parameters = n_params;
+  res.start_step = start_step;
+  res.resumed_from = resumed_from;
+  res.steps = start_step;
   const auto t_start = std::chrono::steady_clock::now();
   const std::int64_t print_every = std::max<std::int64_t>(1, std::min<std::int64_t>(10, t.num_train_steps / 20));
-  for (std::int64_t step = 0; step < t.num_train_steps; ++step) {
+  for (std::int64_t step = start_step; step < t.num_train_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::int64_t B = t.train_batch_size.at(step);
     const std::int64_t mb = t.per_device_parallelism > 0 ? std::min(t.per_device_parallelism, B) : B;
@@ -226,7 +327,7 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
     const auto stats = opt.update(model, *grads, opt_state, loss);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-    if (step == 0) res.first_loss = loss;
+    if (step == start_step) res.first_loss = loss;
     res.final_loss = loss;
     res.steps = step + 1;
     json metrics = {{"train/loss", loss}, {"global_step", step}, {"optim/learning_rate", stats.learning_rate},
@@ -238,7 +339,7 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
 
     if ((step + 1) % print_every == 0 || step == 0 || step + 1 == t.num_train_steps) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      const double eta = elapsed / double(step + 1) * double(t.num_train_steps - step - 1);
+      const double eta = elapsed / double(step + 1 - start_step) * double(t.num_train_steps - step - 1);
       say(progress_line(step + 1, t.num_train_steps, loss, stats.learning_rate, metrics["throughput/tokens_per_second"].get<double>(),
                         metrics["throughput/mfu"].get<double>(), eta));
     }
@@ -248,7 +349,16 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
       for (const auto& h : hooks)
         if ((h.every > 0 && (step + 1) % h.every == 0) || (h.at_end && step + 1 == t.num_train_steps)) h.fn(info);
     }
+    const bool last = step + 1 == t.num_train_steps;
+    ckpt.on_step(step + 1, [&] { return state_files(step + 1); }, last);
+    if (hf_save_dir && ((cfg.hf_save_steps > 0 && (step + 1) % cfg.hf_save_steps == 0) || last))
+      export_hf(step + 1);
   }
+  ckpt.wait();
+  if (res.steps > start_step)  // the last step is always saved
+    res.last_checkpoint = (ck_policy.base_path / ("step-" + std::to_string(res.steps))).string();
+  else if (resumed_from)
+    res.last_checkpoint = resumed_from;
   res.eval_loss = run_eval(res.steps);
   res.tokens = meter.total_tokens;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -264,6 +374,9 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
                   {"openblas_core", openblas_core()},
                   {"threads", haliax::num_threads()}};
   if (res.eval_loss) summary["eval_loss"] = *res.eval_loss;
+  if (res.start_step > 0) summary["start_step"] = res.start_step;
+  if (res.resumed_from) summary["resumed_from"] = *res.resumed_from;
+  if (res.last_checkpoint) summary["checkpoint"] = *res.last_checkpoint;
   trk->log_summary(summary);
   trk->finish();
   write_file_atomic(run_dir / "summary.json", summary.dump(2) + "\n");
