@@ -544,7 +544,7 @@ TEST_CASE("validate: unsupported features are refused with what to use instead")
       {{"--data.tokenizer", "meta-llama/Llama-2-7b-hf"}, "pass a local tokenizer.json path, or use tokenizer: byte"},
       {{"--data.tokenizer", "gpt2"}, "Hugging Face hub tokenizers need a download"},
       {{"--trainer.tracker", "{type: wandb}"}, "trainer.tracker (command line): the wandb tracker is not supported"},
-      {{"--trainer.tracker", "[{type: json_logger}, {type: tensorboard}]"}, "trainer.tracker[1] (command line): the tensorboard"},
+      {{"--trainer.tracker", "[{type: json_logger}, {type: tensorboard, logdir: \"gs://b/tb\"}]"}, "'gs://b/tb' is a remote URL"},
       {{"--trainer.wandb", "{project: x}"}, "trainer.wandb"},
       {{"--trainer.quantization", "{fp8: true}"}, "trainer.quantization"},
       {{"--trainer.model_averaging", "{type: ema}"}, "trainer.model_averaging"},

@@ -371,3 +371,30 @@ TEST_CASE("train_lm: initialize_from_hf and hf_save_path") {
   CHECK_THROWS_WITH_AS(run(next), doctest::Contains("n_embd 32 but the model config says 64"), levanter::hf::error);
   fs::remove_all(dir);
 }
+
+TEST_CASE("train_lm: a tracker list with tensorboard writes event files next to the json log") {
+  auto dir = temp_dir("tb");
+  write_corpus(dir / "train.jsonl", 100, 14);
+  write_corpus(dir / "valid.jsonl", 10, 15);
+  auto cfg = tiny_config(dir, "");
+  cfg.trainer.num_train_steps = 3;
+  cfg.trainer.id = "tb";
+  levanter::TensorboardConfig tb;
+  tb.logdir = (dir / "tblogs").string();
+  levanter::TrackerChoice json_choice, tb_choice;
+  json_choice.value = levanter::JsonLoggerConfig{};
+  tb_choice.value = tb;
+  cfg.trainer.tracker.items = {json_choice, tb_choice};
+  cfg.trainer.tracker.is_list = true;
+  run(cfg);
+  CHECK(fs::exists(dir / "logs" / "tb" / "metrics.jsonl"));
+  std::vector<fs::path> events;
+  for (const auto& e : fs::directory_iterator(dir / "tblogs" / "tb"))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events.push_back(e.path());
+  REQUIRE(events.size() == 1);
+  std::ifstream in(events[0], std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  for (const char* tag : {"brain.Event:2", "train/loss", "optim/learning_rate", "eval/loss", "hparams", "final_loss"})
+    CHECK_MESSAGE(bytes.find(tag) != std::string::npos, tag);
+  fs::remove_all(dir);
+}

@@ -1,10 +1,12 @@
 // levanter/tracker.hpp: metric trackers as upstream's (`trainer.tracker`): `json_logger` writes one JSON object
 // per event (`hparams`, `log`, `summary`, `artifact`, `finish`) with upstream's record layout, to
 // `<run dir>/metrics.jsonl` (upstream sends the same lines to a Python logger); `noop` drops everything. A list
-// of trackers fans out to each.
+// of trackers fans out to each. `tensorboard` writes TensorBoard event files (levanter/tensorboard.hpp) to
+// `<logdir>/<run id>/`, as upstream's TensorboardTracker does through tensorboardX.
 #pragma once
 
 #include <fstream>
+#include <levanter/tensorboard.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -81,6 +83,50 @@ class json_logger_tracker final : public tracker {
   std::string path_;
   std::string logger_;
   json last_ = json::object(), summary_ = json::object();
+};
+
+/// Upstream TensorboardTracker: numbers become scalars, strings text, nested metrics are flattened with `/`.
+/// Hyperparameters are written as a text entry `hparams` holding the resolved config as JSON (upstream uses the
+/// hparams plugin, which needs a metric to attach to). Summary values are written at the last logged step.
+class tensorboard_tracker final : public tracker {
+ public:
+  /// Writes under `dir` (upstream: `<logdir>/<run id>`); `write_to_disk: false` keeps nothing.
+  explicit tensorboard_tracker(const std::string& dir, const std::string& filename_suffix = "", bool write_to_disk = true) {
+    if (write_to_disk) writer_ = std::make_unique<tensorboard::event_writer>(dir, filename_suffix);
+  }
+  void log_hyperparameters(const json& hparams) override {
+    if (writer_) writer_->add_text("hparams", "```\n" + hparams.dump(2) + "\n```", 0);
+  }
+  void log(const json& metrics, std::int64_t step) override {
+    last_step_ = step;
+    write(metrics, "", step);
+  }
+  void log_summary(const json& metrics) override { write(metrics, "", last_step_); }
+  void log_artifact(const std::string&, const std::string&, const std::string&) override {}
+  void finish() override {
+    if (writer_) writer_->close();
+  }
+  const tensorboard::event_writer* writer() const { return writer_.get(); }
+  static constexpr const char* name = "tensorboard";
+
+ private:
+  void write(const json& m, const std::string& prefix, std::int64_t step) {
+    if (!writer_) return;
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      const std::string k = prefix.empty() ? it.key() : prefix + "/" + it.key();
+      const auto& v = it.value();
+      if (v.is_object())
+        write(v, k, step);
+      else if (v.is_number() && !v.is_boolean())
+        writer_->add_scalar(k, v.get<double>(), step);
+      else if (v.is_boolean())
+        writer_->add_scalar(k, v.get<bool>() ? 1.0 : 0.0, step);
+      else if (v.is_string())
+        writer_->add_text(k, v.get<std::string>(), step);
+    }
+  }
+  std::unique_ptr<tensorboard::event_writer> writer_;
+  std::int64_t last_step_ = 0;
 };
 
 /// Several trackers as one (upstream CompositeTracker).

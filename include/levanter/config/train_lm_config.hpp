@@ -35,7 +35,8 @@ struct WandbConfig {
   bool save_code = true;
   bool save_xla_dumps = false;
 };
-/// Parsed so upstream files load; refused until the TensorBoard writer lands.
+/// TensorBoard event files under `<logdir>/<run id>/` (purge_step, max_queue, flush_secs and comment are
+/// accepted for upstream compatibility; events are flushed every 120 s, at 1 MiB, and at the end).
 struct TensorboardConfig {
   static constexpr std::string_view type_name = "tensorboard";
   std::optional<std::string> logdir = "tblogs";

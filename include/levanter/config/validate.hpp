@@ -153,8 +153,8 @@ inline void check_trainer(validator& v, const TrainerConfig& t) {
     const auto& tr = t.tracker.items[i];
     if (tr.get_if<WandbConfig>())
       v.refuse(key, "the wandb tracker is not supported (no network here)", "use tracker: {type: json_logger}");
-    if (tr.get_if<TensorboardConfig>())
-      v.refuse(key, "the tensorboard tracker is not supported yet", "use tracker: {type: json_logger}");
+    if (const auto* tb = tr.get_if<TensorboardConfig>(); tb && tb->logdir)
+      check_remote(v, key + ".logdir", *tb->logdir, "directory");
   }
   if (t.wandb.set)
     v.refuse("trainer.wandb", "trainer.wandb (a deprecated upstream alias of tracker) is not supported",

@@ -59,6 +59,10 @@ inline std::unique_ptr<tracker> make_tracker(const TrainerConfig& t, const std::
       ts.push_back(std::make_unique<json_logger_tracker>((run_dir / "metrics.jsonl").string(), j->logger_name));
     else if (choice.get_if<NoopTrackerConfig>())
       ts.push_back(std::make_unique<noop_tracker>());
+    else if (const auto* tb = choice.get_if<TensorboardConfig>())
+      ts.push_back(std::make_unique<tensorboard_tracker>(
+          (std::filesystem::path(tb->logdir.value_or("tblogs")) / run_dir.filename()).string(),
+          tb->filename_suffix.value_or(""), tb->write_to_disk));
     else
       throw config::config_error("trainer.tracker: type '" + std::string(choice.type_name()) + "' is not supported");
   }
