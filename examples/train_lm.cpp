@@ -13,6 +13,7 @@
 
 #include <levanter/levanter.hpp>
 
+#include "levanter_git_info.hpp"        // generated: kLevanterGitSha, kLevanterGitDirty, kLevanterBuildType
 #include "train_lm_default_config.hpp"  // generated: kDefaultConfigYaml
 
 namespace {
@@ -47,6 +48,7 @@ void maybe_relaunch_for_openblas(char** argv) {
 
 int main(int argc, char** argv) {
   maybe_relaunch_for_openblas(argv);
+  levanter::program_build_info() = {kLevanterGitSha, kLevanterGitDirty, kLevanterBuildType, "train_lm"};
   try {
     auto parsed = levanter::config::parse_command_line<levanter::TrainLmConfig>(argc, argv, kDefaultConfigYaml,
                                                                                  "<embedded default>");

@@ -3,6 +3,7 @@
 // bitwise reproducibility (also across thread counts), and the user errors of the data path.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -42,7 +43,7 @@ void write_corpus(const fs::path& path, int docs, int seed) {
 levanter::TrainLmConfig tiny_config(const fs::path& dir, const std::string& extra = "") {
   const std::string yaml = "data:\n  train_urls: [\"" + (dir / "train.jsonl").string() + "\"]\n" +
                            "  validation_urls: [\"" + (dir / "valid.jsonl").string() + "\"]\n" +
-                           "  tokenizer: byte\n"
+                           "  tokenizer: byte\n  cache_dir: \"" + (dir / "cache").string() + "\"\n"
                            "model: {type: gpt2, seq_len: 32, hidden_dim: 32, num_heads: 2, num_layers: 2}\n"
                            "trainer:\n  num_train_steps: 12\n  train_batch_size: 4\n  steps_per_eval: 6\n"
                            "  max_eval_batches: 2\n  id: test\n  log_dir: \"" + (dir / "logs").string() + "\"\n" +
@@ -169,29 +170,46 @@ TEST_CASE("train_lm: the same config gives bitwise the same losses, whatever the
 TEST_CASE("train_lm: data errors name the file and what to do") {
   auto dir = temp_dir("errors");
   write_corpus(dir / "valid.jsonl", 10, 7);
+  int n = 0;
+  auto config = [&] {  // a fresh cache per case: a cache remembers the files it was built from
+    auto cfg = tiny_config(dir);
+    cfg.data.cache_dir = (dir / ("cache" + std::to_string(n++))).string();
+    return cfg;
+  };
   {
-    auto cfg = tiny_config(dir);  // train.jsonl does not exist
-    CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("train.jsonl' not found"), levanter::data::data_error);
+    auto cfg = config();  // train.jsonl does not exist
+    CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("train.jsonl"), levanter::data::data_error);
   }
   {
     std::ofstream(dir / "train.jsonl") << "{\"text\": \"fine\"}\n{\"text\": broken\n";
-    auto cfg = tiny_config(dir);
-    CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("train.jsonl:2: malformed JSON line"), levanter::data::data_error);
+    auto cfg = config();
+    CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("train.jsonl:2"), levanter::data::data_error);
   }
   {
     std::ofstream(dir / "train.jsonl") << "{\"body\": \"no text field\"}\n";
-    auto cfg = tiny_config(dir);
-    CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("no string field 'text'"), levanter::data::data_error);
+    auto cfg = config();
+    CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("'text'"), levanter::data::data_error);
   }
   {
     std::ofstream(dir / "train.jsonl") << "\n";
-    auto cfg = tiny_config(dir);
+    auto cfg = config();
     CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("no documents"), levanter::data::data_error);
   }
   {
     std::ofstream(dir / "train.jsonl") << "{\"text\": \"short\"}\n";
-    auto cfg = tiny_config(dir);
-    CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("fewer than one sequence"), levanter::data::data_error);
+    auto cfg = config();
+    CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("fewer than one window"), levanter::data::data_error);
+  }
+  {
+    // skip-and-count: the bad line is left out and training goes on.
+    std::ofstream out(dir / "train.jsonl");
+    for (int i = 0; i < 40; ++i) out << "{\"text\": \"the cat sat on the mat and ran away from the dog\"}\n";
+    out << "{\"text\": broken\n";
+    out.close();
+    auto cfg = config();
+    cfg.data.bad_documents = "skip";
+    cfg.trainer.num_train_steps = 4;
+    CHECK_NOTHROW(run(cfg));
   }
   fs::remove_all(dir);
 }
@@ -386,6 +404,7 @@ TEST_CASE("train_lm: a tracker list with tensorboard writes event files next to 
   tb_choice.value = tb;
   cfg.trainer.tracker.items = {json_choice, tb_choice};
   cfg.trainer.tracker.is_list = true;
+  cfg.trainer.watch.include_histograms = true;  // watched at step 0: norms as scalars, histograms as histograms
   run(cfg);
   CHECK(fs::exists(dir / "logs" / "tb" / "metrics.jsonl"));
   std::vector<fs::path> events;
@@ -394,7 +413,207 @@ TEST_CASE("train_lm: a tracker list with tensorboard writes event files next to 
   REQUIRE(events.size() == 1);
   std::ifstream in(events[0], std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  for (const char* tag : {"brain.Event:2", "train/loss", "optim/learning_rate", "eval/loss", "hparams", "final_loss"})
+  for (const char* tag : {"brain.Event:2", "train/loss", "optim/learning_rate", "eval/loss", "hparams", "final_loss",
+                          "grad/norm/total", "params/hist/transformer.ln_f.weight", "throughput/loading_time"})
     CHECK_MESSAGE(bytes.find(tag) != std::string::npos, tag);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("train_lm: watch norms and histograms, loading and hook times, run metadata, and the profiler") {
+  auto dir = temp_dir("observe");
+  write_corpus(dir / "train.jsonl", 100, 16);
+  write_corpus(dir / "valid.jsonl", 10, 17);
+  auto cfg = tiny_config(dir);
+  cfg.trainer.watch.watch_targets.items = {"grads", "params", "updates", "opt_state"};
+  cfg.trainer.watch.include_histograms = true;
+  cfg.trainer.watch.interval = 5;
+  cfg.trainer.profiler = true;
+  cfg.trainer.profiler_start_step = 2;
+  cfg.trainer.profiler_num_steps = 3;
+  cfg.trainer.num_train_steps = 11;
+  cfg.trainer.id = "observe";
+  run(cfg);
+  const auto run_dir = dir / "logs" / "observe";
+  std::map<std::int64_t, nlohmann::json> by_step;
+  {
+    std::ifstream in(run_dir / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j["event"] == "log" && j["metrics"].contains("train/loss")) by_step[j["step"].get<std::int64_t>()] = j["metrics"];
+      if (j["event"] == "hparams") {
+        // The run metadata rides along with the config in the hyperparameters.
+        CHECK(j["hparams"]["run_metadata"].contains("openblas_core"));
+        CHECK(j["hparams"]["run_metadata"]["libraries"].contains("kokkos"));
+        CHECK(j["hparams"].contains("trainer"));
+      }
+    }
+  }
+  REQUIRE(by_step.size() == 11);
+  for (const auto& [step, m] : by_step) {
+    CHECK(m.contains("throughput/loading_time"));
+    CHECK(m.contains("throughput/hook_time"));
+    CHECK(m["throughput/loading_time"].get<double>() >= 0);
+    // Watched every 5 steps (0, 5, 10), not in between.
+    CHECK_MESSAGE(m.contains("grad/norm/total") == (step % 5 == 0), step);
+  }
+  const auto& w = by_step.at(5);
+  // Upstream's names: per parameter, stacked blocks split per layer with '.' paths.
+  for (const char* k : {"grad/norm/total", "params/norm/total", "updates/norm/total", "opt_state/mu/norm/total",
+                        "opt_state/nu/norm/total", "grad/norm/transformer.blocks.0.attn.c_attn.weight",
+                        "grad/norm/transformer.blocks.1.mlp.c_fc.weight", "params/norm/embeddings.token_embeddings.weight",
+                        "grad/hist/transformer.blocks.1.attn.c_proj.weight", "params/hist/transformer.ln_f.weight"})
+    CHECK_MESSAGE(w.contains(k), k);
+  // The total gradient norm is the optimizer's (pre-clipping) gradient norm.
+  CHECK(w["grad/norm/total"].get<double>() == doctest::Approx(w["optim/grad_norm"].get<double>()).epsilon(1e-4));
+  // The per-layer norms add up (in squares) to the stacked parameter's.
+  double sq = 0, total_sq = 0;
+  for (auto it = w.begin(); it != w.end(); ++it)
+    if (it.key().rfind("grad/norm/", 0) == 0 && it.key() != "grad/norm/total") sq += std::pow(it.value().get<double>(), 2);
+  total_sq = std::pow(w["grad/norm/total"].get<double>(), 2);
+  CHECK(sq == doctest::Approx(total_sq).epsilon(1e-6));
+  // Histograms land in json_logger as summaries.
+  const auto& h = w["params/hist/transformer.ln_f.weight"];
+  CHECK(h["num"].get<std::int64_t>() == 32);
+  CHECK(h["min"].get<double>() <= h["max"].get<double>());
+  // The updates are the parameter change of that step: non-zero, and far smaller than the parameters.
+  CHECK(w["updates/norm/total"].get<double>() > 0);
+  CHECK(w["updates/norm/total"].get<double>() < 0.5 * w["params/norm/total"].get<double>());
+
+  // run_metadata.json
+  std::ifstream md_in(run_dir / "run_metadata.json");
+  REQUIRE(md_in);
+  const auto md = nlohmann::json::parse(md_in);
+  for (const char* k : {"git_sha", "git_dirty", "build_type", "compiler", "libraries", "openblas_core", "openblas_threads",
+                        "threads", "ranks", "host", "start_time"})
+    CHECK_MESSAGE(md.contains(k), k);
+  CHECK(md["ranks"].get<int>() == 1);
+
+  // The profiler: steps 2..4, a table and its JSON, with GEMMs (their axes and GFLOP/s), kernels and phases.
+  REQUIRE(fs::exists(run_dir / "profile.txt"));
+  std::ifstream pj_in(run_dir / "profile.json");
+  const auto pj = nlohmann::json::parse(pj_in);
+  CHECK(pj["first_step"].get<int>() == 2);
+  CHECK(pj["steps"].get<int>() == 3);
+  bool fwd_dot = false, bwd_dot = false, kernel = false, optimizer = false;
+  double self_sum = 0;
+  for (const auto& op : pj["ops"]) {
+    self_sum += op["self_seconds"].get<double>();
+    CHECK(op["calls"].get<std::int64_t>() > 0);
+    if (op["op"] == "dot" && op["phase"] == "forward") {
+      fwd_dot = true;
+      CHECK(op["axes"].get<std::string>().find("embed") != std::string::npos);
+      CHECK(op["gflops_per_second"].get<double>() > 0);
+    }
+    if (op["op"] == "dot" && op["phase"] == "backward") bwd_dot = true;
+    if (op["op"].get<std::string>().rfind("haliax::", 0) == 0) kernel = true;
+    if (op["op"] == "optimizer update") optimizer = true;
+  }
+  CHECK(fwd_dot);
+  CHECK(bwd_dot);
+  CHECK(kernel);
+  CHECK(optimizer);
+  CHECK(self_sum <= pj["wall_seconds"].get<double>() * 1.01);
+  CHECK(self_sum > 0.5 * pj["wall_seconds"].get<double>());
+  // Profiling is off again after the profiled steps: nothing listens to Kokkos any more.
+  CHECK_FALSE(Kokkos::Tools::profileLibraryLoaded());
+  fs::remove_all(dir);
+}
+
+namespace {
+levanter::config::Opaque opaque(const std::string& yaml) {
+  levanter::config::Opaque o;
+  o.set = true;
+  o.yaml = yaml;
+  o.where = "<test>";
+  return o;
+}
+}  // namespace
+
+TEST_CASE("train_lm: a mixture of two datasets with staged weights, per-tag eval losses and bits per byte, resumed") {
+  auto dir = temp_dir("mixture");
+  write_corpus(dir / "a_train.jsonl", 60, 20);
+  write_corpus(dir / "a_valid.jsonl", 10, 21);
+  {
+    std::ofstream out(dir / "b_train.jsonl");
+    for (int i = 0; i < 60; ++i) out << "{\"text\": \"" << std::string(40 + i % 7, char('a' + i % 26)) << " " << i << "\"}\n";
+  }
+  std::filesystem::copy_file(dir / "b_train.jsonl", dir / "b_valid.jsonl");
+  auto cfg = tiny_config(dir);
+  cfg.data.train_urls.clear();
+  cfg.data.validation_urls.clear();
+  cfg.data.configs = opaque("{alpha: {train_urls: [\"" + (dir / "a_train.jsonl").string() + "\"], validation_urls: [\"" +
+                            (dir / "a_valid.jsonl").string() + "\"], tags: [words]}, beta: {train_urls: [\"" +
+                            (dir / "b_train.jsonl").string() + "\"], validation_urls: [\"" + (dir / "b_valid.jsonl").string() +
+                            "\"]}}");
+  cfg.data.train_weights = opaque("[[0, {alpha: 0.75, beta: 0.25}], [4, {alpha: 0.25, beta: 0.75}]]");
+  cfg.data.mixture_block_size = 8;
+  cfg.data.shuffle = true;
+  cfg.trainer.checkpointer.keep = {levanter::KeepPolicy{4, std::nullopt}};
+  cfg.trainer.id = "mix";
+  auto whole = run(cfg);
+  CHECK(whole.final_loss < whole.first_loss);
+  // Each dataset has its own cache under cache_dir/<name>/.
+  for (const char* c : {"alpha/train", "alpha/validation", "beta/train", "beta/validation"})
+    CHECK_MESSAGE(fs::exists(dir / "cache" / c / "shard_ledger.json"), c);
+  // Per-tag eval metrics.
+  nlohmann::json last_eval;
+  {
+    std::ifstream in(dir / "logs" / "mix" / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j["event"] == "log" && j["metrics"].contains("eval/loss")) last_eval = j["metrics"];
+    }
+  }
+  for (const char* k : {"eval/loss", "eval/bpb", "eval/alpha/loss", "eval/beta/loss", "eval/words/loss", "eval/alpha/bpb",
+                        "eval/macro_loss"})
+    CHECK_MESSAGE(last_eval.contains(k), k);
+  CHECK(last_eval["eval/words/loss"].get<double>() == last_eval["eval/alpha/loss"].get<double>());
+  const double a = last_eval["eval/alpha/loss"], b = last_eval["eval/beta/loss"];
+  CHECK(last_eval["eval/macro_loss"].get<double>() == doctest::Approx((a + a + b) / 3));
+  CHECK(std::min(a, b) <= last_eval["eval/loss"].get<double>());
+  CHECK(last_eval["eval/loss"].get<double>() <= std::max(a, b));
+  // Bytes: one per byte token (EOS counts none), so bits per byte = loss / ln 2 * targets / bytes > loss / ln 2.
+  CHECK(last_eval["eval/bpb"].get<double>() > last_eval["eval/loss"].get<double>() / std::log(2.0));
+
+  // Stopped after step 6 and resumed: the same batches, the same losses.
+  cfg.trainer.id = "mix-split";
+  CHECK_THROWS_AS(run(cfg, {levanter::hook{6, [](const levanter::step_info&) { throw stop_here("killed"); }}}), stop_here);
+  auto resumed = run(cfg);
+  CHECK(resumed.start_step == 4);
+  CHECK(loss_log(dir / "logs" / "mix" / "metrics.jsonl") == loss_log(dir / "logs" / "mix-split" / "metrics.jsonl"));
+
+  // Bad weights name the key.
+  cfg.trainer.id = "mix-bad";
+  cfg.data.train_weights = opaque("{alpha: 1, gamma: 1}");
+  CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("gamma"), levanter::data::data_error);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("train_lm: a Hugging Face tokenizer.json, its cache reused, and a cache of another tokenizer refused") {
+  auto dir = temp_dir("hftok");
+  write_corpus(dir / "train.jsonl", 100, 22);
+  write_corpus(dir / "valid.jsonl", 10, 23);
+  const std::string tok_path = std::string(LEVANTER_SOURCE_DIR) + "/tests/golden/tokenizers/gpt2_style/tokenizer.json";
+  auto cfg = tiny_config(dir);
+  cfg.data.tokenizer = tok_path;
+  cfg.trainer.id = "hftok";
+  auto r = run(cfg);
+  CHECK(r.final_loss < r.first_loss);
+  const auto tok = levanter::data::tokenizer::from_file(tok_path);
+  // The cache holds the tokenizer's ids, EOS after each document, and names the tokenizer in its ledger.
+  std::ifstream ledger_in(dir / "cache" / "train" / "shard_ledger.json");
+  const auto ledger = nlohmann::json::parse(ledger_in);
+  CHECK(ledger["is_finished"].get<bool>());
+  CHECK(ledger.dump().find(tok.content_hash()) != std::string::npos);
+  // A second run reuses the cache as it is.
+  cfg.trainer.id = "hftok2";
+  auto r2 = run(cfg);
+  CHECK(r2.first_loss == r.first_loss);
+  // The byte tokenizer on the same cache_dir: refused, naming both settings.
+  cfg.data.tokenizer = "byte";
+  cfg.trainer.id = "hftok3";
+  CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("vocab_size"), levanter::data::data_error);
   fs::remove_all(dir);
 }

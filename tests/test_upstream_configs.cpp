@@ -39,7 +39,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 /// The key path a message is about: "unknown key 'a.b'" -> "unknown key a.b"; "a.b (file:3): ..." -> "a.b".
 std::string key_of(const std::string& msg) {
   static const std::regex unknown(R"(^unknown key '([^']+)')");
-  static const std::regex keyed(R"(^([A-Za-z_][A-Za-z0-9_.\[\]-]*) (\(|:))");
+  static const std::regex keyed(R"(^([A-Za-z_][A-Za-z0-9_.\[\]-]*)( \(|:))");
   std::smatch m;
   if (std::regex_search(msg, m, unknown)) return "unknown key " + m[1].str();
   if (std::regex_search(msg, m, keyed)) return m[1].str();

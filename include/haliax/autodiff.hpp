@@ -18,6 +18,7 @@
 
 #include "core.hpp"
 #include "detail/ad.hpp"
+#include "detail/profile.hpp"
 #include "tree.hpp"
 
 namespace haliax {
@@ -90,7 +91,10 @@ auto run_value_and_grad(const F& f, const M& module, Args&&... args) {
   tape_scope scope;
   M p = module;
   attach_leaves(p);
-  auto out = f(std::as_const(p), std::forward<Args>(args)...);
+  auto out = [&] {
+    haliax::detail::profile::region prof([] { return std::string("forward"); }, 0.0);
+    return f(std::as_const(p), std::forward<Args>(args)...);
+  }();
   using Out = decltype(out);
   using Loss = std::remove_cvref_t<decltype(loss_of(out))>;
   static_assert(is_scalar_loss_v<Loss>,
@@ -103,6 +107,7 @@ auto run_value_and_grad(const F& f, const M& module, Args&&... args) {
       pause_guard pause;
       seed = ones_like(loss);
     }
+    haliax::detail::profile::region prof([] { return std::string("backward"); }, 0.0);
     backward(scope.t, loss, seed);
   }
   collect_grads(p);

@@ -14,14 +14,26 @@
 #include <levanter/config/train_lm_config.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/config/yaml.hpp>
+#include <levanter/data/cache.hpp>
+#include <levanter/data/error.hpp>
+#include <levanter/data/lm_data.hpp>
+#include <levanter/data/mixture.hpp>
+#include <levanter/data/permutation.hpp>
+#include <levanter/data/sources.hpp>
 #include <levanter/data/text.hpp>
+#include <levanter/data/tokenizer.hpp>
 #include <levanter/main/hf_convert.hpp>
 #include <levanter/main/train_lm.hpp>
+#include <levanter/main/viz_lm.hpp>
 #include <levanter/models/gpt2.hpp>
 #include <levanter/optim/adamw.hpp>
 #include <levanter/optim/schedule.hpp>
+#include <levanter/profiler.hpp>
+#include <levanter/run_metadata.hpp>
 #include <levanter/tracker.hpp>
 #include <levanter/trainer.hpp>
+#include <levanter/viz/logprobs_html.hpp>
+#include <levanter/watch.hpp>
 
 namespace levanter {
 

@@ -5,11 +5,13 @@
 // `<logdir>/<run id>/`, as upstream's TensorboardTracker does through tensorboardX.
 #pragma once
 
+#include <algorithm>
 #include <fstream>
 #include <levanter/tensorboard.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,22 @@ class tracker {
   virtual void log_summary(const json& metrics) = 0;
   virtual void log_artifact(const std::string& path, const std::string& name, const std::string& type) = 0;
   virtual void finish() = 0;
+  /// A histogram of `values` (upstream `levanter.tracker.Histogram`). TensorBoard stores the histogram itself;
+  /// the default logs its summary `{min, max, num, sum, sum_squares}` under `tag` as an ordinary metric.
+  virtual void log_histogram(const std::string& tag, std::span<const float> values, std::int64_t step) {
+    log(json{{tag, histogram_summary(values)}}, step);
+  }
+  static json histogram_summary(std::span<const float> values) {
+    double mn = values.empty() ? 0.0 : double(values[0]), mx = mn, sum = 0, sq = 0;
+    for (float f : values) {
+      const double d = f;
+      mn = std::min(mn, d);
+      mx = std::max(mx, d);
+      sum += d;
+      sq += d * d;
+    }
+    return json{{"min", mn}, {"max", mx}, {"num", values.size()}, {"sum", sum}, {"sum_squares", sq}};
+  }
 };
 
 class noop_tracker final : public tracker {
@@ -35,6 +53,7 @@ class noop_tracker final : public tracker {
   void log_summary(const json&) override {}
   void log_artifact(const std::string&, const std::string&, const std::string&) override {}
   void finish() override {}
+  void log_histogram(const std::string&, std::span<const float>, std::int64_t) override {}
 };
 
 /// Upstream JsonLoggerTracker's records, one per line, flushed after each so a crash loses nothing written.
@@ -46,8 +65,25 @@ class json_logger_tracker final : public tracker {
   }
   void log_hyperparameters(const json& hparams) override { write({{"tracker", name}, {"event", "hparams"}, {"hparams", hparams}}); }
   void log(const json& metrics, std::int64_t step) override {
+    if (!pending_.empty() && pending_step_ == step) {
+      json all = pending_;
+      for (auto it = metrics.begin(); it != metrics.end(); ++it) all[it.key()] = it.value();
+      pending_ = json::object();
+      write({{"tracker", name}, {"event", "log"}, {"step", step}, {"metrics", all}});
+      flatten(all, "", last_);
+      return;
+    }
     write({{"tracker", name}, {"event", "log"}, {"step", step}, {"metrics", metrics}});
     flatten(metrics, "", last_);
+  }
+  /// Histograms go into the next `log` record of the same step, as `{min, max, num, sum, sum_squares}`.
+  void log_histogram(const std::string& tag, std::span<const float> values, std::int64_t step) override {
+    if (!pending_.empty() && pending_step_ != step) {
+      write({{"tracker", name}, {"event", "log"}, {"step", pending_step_}, {"metrics", pending_}});
+      pending_ = json::object();
+    }
+    pending_step_ = step;
+    pending_[tag] = histogram_summary(values);
   }
   void log_summary(const json& metrics) override {
     write({{"tracker", name}, {"event", "summary"}, {"metrics", metrics}});
@@ -57,6 +93,10 @@ class json_logger_tracker final : public tracker {
     write({{"tracker", name}, {"event", "artifact"}, {"path", path}, {"name", nm}, {"artifact_type", type}});
   }
   void finish() override {
+    if (!pending_.empty()) {
+      write({{"tracker", name}, {"event", "log"}, {"step", pending_step_}, {"metrics", pending_}});
+      pending_ = json::object();
+    }
     json all = summary_;
     for (auto it = last_.begin(); it != last_.end(); ++it) all[it.key()] = it.value();
     write({{"tracker", name}, {"event", "finish"}, {"summary", all}});
@@ -82,7 +122,8 @@ class json_logger_tracker final : public tracker {
   std::ofstream out_;
   std::string path_;
   std::string logger_;
-  json last_ = json::object(), summary_ = json::object();
+  json last_ = json::object(), summary_ = json::object(), pending_ = json::object();
+  std::int64_t pending_step_ = 0;
 };
 
 /// Upstream TensorboardTracker: numbers become scalars, strings text, nested metrics are flattened with `/`.
@@ -102,6 +143,10 @@ class tensorboard_tracker final : public tracker {
     write(metrics, "", step);
   }
   void log_summary(const json& metrics) override { write(metrics, "", last_step_); }
+  void log_histogram(const std::string& tag, std::span<const float> values, std::int64_t step) override {
+    last_step_ = step;
+    if (writer_) writer_->add_histogram(tag, values, step);
+  }
   void log_artifact(const std::string&, const std::string&, const std::string&) override {}
   void finish() override {
     if (writer_) writer_->close();
@@ -140,6 +185,9 @@ class composite_tracker final : public tracker {
     for (auto& t : ts_) t->log_artifact(p, n, ty);
   }
   void finish() override { for (auto& t : ts_) t->finish(); }
+  void log_histogram(const std::string& tag, std::span<const float> v, std::int64_t s) override {
+    for (auto& t : ts_) t->log_histogram(tag, v, s);
+  }
 
  private:
   std::vector<std::unique_ptr<tracker>> ts_;

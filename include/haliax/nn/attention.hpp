@@ -42,6 +42,7 @@
 #include "../detail/ad.hpp"
 #include "../detail/axis_algebra.hpp"
 #include "../detail/gemm.hpp"
+#include "../detail/profile.hpp"
 #include "../detail/thread_pool.hpp"
 #include "../ops/dot.hpp"
 #include "../ops/elementwise.hpp"
@@ -663,6 +664,8 @@ void forward_block(const geometry& g, const T* q, const T* k, const T* v, T* o, 
 /// keys, so the long tasks start early and the pool finishes evenly.
 template <class T>
 void forward(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale) {
+  haliax::detail::profile::region prof([] { return std::string("flash_attention forward"); },
+                                       2.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
   single_threaded_blas();
   haliax::detail::thread_pool::instance().run(g.batch * g.nqb, [&](std::int64_t t) {
     forward_block<T>(g, q, k, v, o, lse, scale, t % g.batch, g.nqb - 1 - t / g.batch);
@@ -685,6 +688,9 @@ inline std::int64_t backward_groups(const geometry& g) {
 template <class T>
 void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T scale,
               T* dq, std::int64_t qcount, T* dk, std::int64_t kcount, T* dv, std::int64_t vcount) {
+  // Recomputes S and P, then dP, dV, dK, dQ: about 2.5x the forward's GEMM work.
+  haliax::detail::profile::region prof([] { return std::string("flash_attention backward"); },
+                                       5.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
   single_threaded_blas();
   [[maybe_unused]] const auto isa = haliax::nn::detail::detect_host_isa();
   const std::int64_t nq = g.nq, nk = g.nk, d = g.d, e = g.e;

@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "../detail/gemm.hpp"
+#include "../detail/profile.hpp"
 #include "elementwise.hpp"
 
 namespace haliax {
@@ -140,7 +141,21 @@ requires NumericElement<T> && DotContractible<AxA, AxB, C...> &&(
   const T* pa = ap.data();
   const T* pb = bp.data();
   T* pc = result.data();
-  detail::gemm_batched<T>(L::a_as_is && L::a_trans, L::b_as_is && L::b_trans, batch, m, n, k, pa, pb, pc);
+  {
+    detail::profile::region prof(
+        [&] {
+          std::string s = "dot ";
+          auto names = [&](const auto& arr) {
+            std::string r = "{";
+            for (auto nm : arr) r += (r.size() > 1 ? "," : "") + std::string(nm);
+            return r + "}";
+          };
+          s += names(named_array<T, AxA>::axis_names()) + " x " + names(named_array<T, AxB>::axis_names());
+          return s;
+        },
+        2.0 * double(batch) * double(m) * double(n) * double(k));
+    detail::gemm_batched<T>(L::a_as_is && L::a_trans, L::b_as_is && L::b_trans, batch, m, n, k, pa, pb, pc);
+  }
 
   using out_list = typename detail::dot_out_order<typename L::default_out, Out>::type;
   auto out = detail::as_layout<out_list>(result);

@@ -3,6 +3,9 @@
 // implement yet are kept as `config::Opaque` or optional values and refused by validation with a message.
 #pragma once
 
+#include <cctype>
+#include <cstdlib>
+
 #include <tuple>
 #include <map>
 
@@ -63,6 +66,23 @@ struct CheckpointerConfig {
   bool delete_old_temp_checkpoints = true;
 };
 
+/// `trainer.watch` (upstream WatchConfig): norms (and optionally histograms) of grads / params / updates /
+/// opt_state every `interval` steps, logged as `<target>/norm/<param path>` and `<target>/norm/total`.
+struct WatchConfig {
+  config::StringOrList watch_targets = [] {
+    config::StringOrList l;
+    l.items = {"grads", "params"};
+    l.is_list = true;
+    return l;
+  }();
+  bool include_norms = true;
+  bool include_per_parameter_norms = true;
+  bool include_histograms = false;
+  bool split_scan_layers = true;
+  int64_t interval = 10;
+  bool enabled() const { return !watch_targets.items.empty() && interval > 0 && (include_norms || include_histograms); }
+};
+
 // ---- trainer -------------------------------------------------------------------------------------------------
 struct TrainerConfig {
   int64_t seed = 0;
@@ -73,7 +93,7 @@ struct TrainerConfig {
   std::string log_dir = "logs/";
   config::OneOrMany<TrackerChoice> tracker;
   config::Opaque wandb;
-  config::Opaque watch;
+  WatchConfig watch;
   bool profiler = false;
   int64_t profiler_start_step = 5;
   int64_t profiler_num_steps = 100;
@@ -110,12 +130,39 @@ struct TrainerConfig {
   bool shutdown_at_exit = false;
 };
 
-// ---- data (single source; mixtures and the full pipeline arrive with the data issue) --------------------------
+// ---- data ----------------------------------------------------------------------------------------------------
+/// `data.cache_options` (upstream CacheOptions); none of these changes a cache's bytes.
+struct CacheOptionsConfig {
+  int64_t num_shard_groups = 128;               ///< accepted for upstream configs; the builder here is one process
+  std::string target_size_per_flush = "512MB";  ///< a commit also ends at this much raw input
+  int64_t batch_size = 1024;                    ///< documents per commit (upstream: 128 per tokenizer call)
+  int64_t num_threads = 0;                      ///< tokenizing threads (0: one per core)
+  /// target_size_per_flush in bytes ("512MB", "1GiB", "65536"); -1 when it does not parse.
+  int64_t target_size_bytes() const {
+    std::size_t i = 0;
+    while (i < target_size_per_flush.size() && (std::isdigit(static_cast<unsigned char>(target_size_per_flush[i])) ||
+                                                 target_size_per_flush[i] == '.'))
+      ++i;
+    if (i == 0) return -1;
+    const double v = std::atof(target_size_per_flush.substr(0, i).c_str());
+    std::string unit = target_size_per_flush.substr(i);
+    while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+    for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const std::pair<const char*, double> units[] = {{"", 1},       {"B", 1},           {"KB", 1e3},     {"MB", 1e6},
+                                                     {"GB", 1e9},   {"K", 1e3},         {"M", 1e6},      {"G", 1e9},
+                                                     {"KIB", 1024}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+    for (const auto& [u, m] : units)
+      if (unit == u) return static_cast<int64_t>(v * m);
+    return -1;
+  }
+};
+
 struct LmDataConfig {
   std::string tokenizer = "gpt2";
   std::optional<int64_t> vocab_size;
   std::string cache_dir = "cache/";
-  config::Opaque cache_options;
+  CacheOptionsConfig cache_options;
+  std::string bad_documents = "stop";
   bool enforce_eos = true;
   std::optional<std::string> chat_template;
   int64_t ignore_token_id = -100;
@@ -144,6 +191,15 @@ struct LmDataConfig {
 /// `model:`; only GPT-2 is implemented, other upstream models are refused by name.
 using ModelChoice = config::Choice<Gpt2Config>;
 
+/// `viz:` (ours; upstream has the separate viz_lm program): a token-probability heatmap of validation windows,
+/// rewritten every `every` steps (and at the end) while training runs.
+struct TrainVizConfig {
+  int64_t every = 0;                     ///< 0: off
+  int64_t num_docs = 8;                  ///< validation windows shown
+  std::optional<std::string> path;       ///< default: <run dir>/logprobs.html
+  std::optional<int64_t> data_seed = 0;  ///< which windows: a permutation of them with this seed (null: the first)
+};
+
 // ---- train_lm ------------------------------------------------------------------------------------------------
 struct TrainLmConfig {
   LmDataConfig data;
@@ -163,6 +219,7 @@ struct TrainLmConfig {
   config::Opaque eval_harness;
   int64_t eval_harness_steps = 10000;
   bool log_entropy = false;
+  TrainVizConfig viz;
 };
 
 }  // namespace levanter
@@ -223,6 +280,18 @@ struct levanter::config::schema<levanter::CheckpointerConfig> {
       field("delete_old_temp_checkpoints", &T::delete_old_temp_checkpoints, "delete the previous temporary checkpoint once a new one commits"));
 };
 template <>
+struct levanter::config::schema<levanter::WatchConfig> {
+  using T = levanter::WatchConfig;
+  static constexpr auto fields = std::make_tuple(
+      field("watch_targets", &T::watch_targets, "any of grads, params, updates, opt_state"),
+      field("include_norms", &T::include_norms, "log norms"),
+      field("include_per_parameter_norms", &T::include_per_parameter_norms, "log a norm per parameter (else only the total)"),
+      field("include_histograms", &T::include_histograms, "log histograms (TensorBoard)"),
+      field("split_scan_layers", &T::split_scan_layers, "one entry per layer of stacked blocks"),
+      field("interval", &T::interval, "every this many steps (0: off)"));
+};
+
+template <>
 struct levanter::config::schema<levanter::TrainerConfig> {
   using T = levanter::TrainerConfig;
   static constexpr auto fields = std::make_tuple(
@@ -234,8 +303,8 @@ struct levanter::config::schema<levanter::TrainerConfig> {
       field("log_dir", &T::log_dir, "directory of run directories"),
       field("tracker", &T::tracker, "metrics tracker(s): json_logger (default), noop"),
       field("wandb", &T::wandb, "deprecated upstream alias of tracker (refused)"),
-      field("watch", &T::watch, "parameter/gradient statistics logging (not supported yet)"),
-      field("profiler", &T::profiler, "profile some steps (not supported)"),
+      field("watch", &T::watch, "norms/histograms of grads, params, updates, opt_state every interval steps"),
+      field("profiler", &T::profiler, "write a per-op time breakdown of some steps to the run dir"),
       field("profiler_start_step", &T::profiler_start_step, "first profiled step"),
       field("profiler_num_steps", &T::profiler_num_steps, "number of profiled steps"),
       field("profiler_perfetto_link", &T::profiler_perfetto_link, "perfetto link (JAX only)"),
@@ -271,13 +340,24 @@ struct levanter::config::schema<levanter::TrainerConfig> {
       field("shutdown_at_exit", &T::shutdown_at_exit, "shut the machine down at exit (refused)"));
 };
 template <>
+struct levanter::config::schema<levanter::CacheOptionsConfig> {
+  using T = levanter::CacheOptionsConfig;
+  static constexpr auto fields = std::make_tuple(
+      field("num_shard_groups", &T::num_shard_groups, "accepted (upstream's Ray shard groups; one builder here)"),
+      field("target_size_per_flush", &T::target_size_per_flush, "raw input per commit at most, e.g. 512MB"),
+      field("batch_size", &T::batch_size, "documents per commit"),
+      field("num_threads", &T::num_threads, "tokenizing threads (0: one per core)"));
+};
+
+template <>
 struct levanter::config::schema<levanter::LmDataConfig> {
   using T = levanter::LmDataConfig;
   static constexpr auto fields = std::make_tuple(
       field("tokenizer", &T::tokenizer, "tokenizer: 'byte' (built in), 'passthrough', or a tokenizer.json path"),
       field("vocab_size", &T::vocab_size, "vocabulary size (passthrough tokenizer)"),
       field("cache_dir", &T::cache_dir, "directory of the tokenized cache"),
-      field("cache_options", &T::cache_options, "cache build options"),
+      field("cache_options", &T::cache_options, "cache build options (threads, documents per commit)"),
+      field("bad_documents", &T::bad_documents, "a malformed line or invalid UTF-8: stop (default) or skip (and count)"),
       field("enforce_eos", &T::enforce_eos, "append EOS to each document"),
       field("chat_template", &T::chat_template, "chat template (chat data)"),
       field("ignore_token_id", &T::ignore_token_id, "label id excluded from the loss"),
@@ -291,16 +371,26 @@ struct levanter::config::schema<levanter::LmDataConfig> {
       field("tags", &T::tags, "tags for per-tag eval losses"),
       field("format", &T::format, "document format (text, chat, supervised)"),
       field("text_key", &T::text_key, "JSON field holding the text"),
-      field("configs", &T::configs, "mixture: {name: source}"),
-      field("train_weights", &T::train_weights, "mixture weights"),
-      field("stop_strategy", &T::stop_strategy, "mixture stop strategy"),
-      field("mixture_block_size", &T::mixture_block_size, "mixture block size"),
+      field("configs", &T::configs, "mixture: {name: {train_urls, validation_urls, cache_dir, tags}}, in order"),
+      field("train_weights", &T::train_weights, "mixture weights: {name: w} or [[step, {name: w}], ...]"),
+      field("stop_strategy", &T::stop_strategy, "mixture stop strategy (restart)"),
+      field("mixture_block_size", &T::mixture_block_size, "mixture block size (default 2048)"),
       field("target_budget", &T::target_budget, "mixture simulated epoching"),
       field("experiment_budget", &T::experiment_budget, "mixture simulated epoching"),
       field("max_train_batches", &T::max_train_batches, "mixture cap on training batches"),
       field("num_validation_sequences", &T::num_validation_sequences, "mixture validation sequences"),
       field("shuffle_buffer_size", &T::shuffle_buffer_size, "shuffle buffer size"));
 };
+template <>
+struct levanter::config::schema<levanter::TrainVizConfig> {
+  using T = levanter::TrainVizConfig;
+  static constexpr auto fields = std::make_tuple(
+      field("every", &T::every, "refresh every this many steps (0: off)"),
+      field("num_docs", &T::num_docs, "validation windows shown"),
+      field("path", &T::path, "HTML file (default: <run dir>/logprobs.html)"),
+      field("data_seed", &T::data_seed, "seed of the window choice (null: the first windows)"));
+};
+
 template <>
 struct levanter::config::schema<levanter::TrainLmConfig> {
   using T = levanter::TrainLmConfig;
@@ -321,7 +411,8 @@ struct levanter::config::schema<levanter::TrainLmConfig> {
       field("epoch", &T::epoch, "number of epochs over the data (0: unbounded)"),
       field("eval_harness", &T::eval_harness, "lm-eval-harness (not supported)"),
       field("eval_harness_steps", &T::eval_harness_steps, "steps between harness evaluations"),
-      field("log_entropy", &T::log_entropy, "log entropy histograms (not supported)"));
+      field("log_entropy", &T::log_entropy, "log entropy histograms (not supported)"),
+      field("viz", &T::viz, "token-probability heatmap of validation windows, refreshed while training"));
 };
 
 template <>

@@ -86,21 +86,32 @@ inline void check_data(validator& v, const LmDataConfig& d) {
       check_remote(v, join_index(name, i), (*list)[i], "path (globs and {a..b} ranges work)");
   check_remote(v, "data.cache_dir", d.cache_dir, "cache directory");
 
-  std::vector<std::string> mixture;
-  if (d.configs.set) mixture.push_back("configs");
-  if (d.train_weights.set) mixture.push_back("train_weights");
-  if (d.stop_strategy) mixture.push_back("stop_strategy");
-  if (d.mixture_block_size) mixture.push_back("mixture_block_size");
-  if (d.target_budget.set) mixture.push_back("target_budget");
-  if (d.experiment_budget.set) mixture.push_back("experiment_budget");
-  if (d.max_train_batches) mixture.push_back("max_train_batches");
-  if (d.num_validation_sequences) mixture.push_back("num_validation_sequences");
-  if (!mixture.empty()) {
-    std::string keys;
-    for (const auto& k : mixture) keys += (keys.empty() ? "" : ", ") + k;
-    v.refuse("data." + mixture.front(), "data mixtures (" + keys + ") are not supported yet",
-             "data mixtures arrive with the data pipeline; use a single source (data.train_urls)");
-  }
+  // Mixtures: configs + train_weights (checked in full when the data is built: names, weights, stages).
+  if (d.train_weights.set && !d.configs.set)
+    v.error("data.train_weights", "mixture weights need data.configs (a map of dataset name -> sources)");
+  if (d.configs.set && (!d.train_urls.empty() || !d.validation_urls.empty()))
+    v.error("data.configs", "give either data.configs (a mixture) or data.train_urls/validation_urls (one dataset), "
+                            "not both");
+  if (d.stop_strategy && *d.stop_strategy != "restart")
+    v.refuse("data.stop_strategy", "stop_strategy '" + *d.stop_strategy + "' is not implemented (upstream implements "
+             "only restart either)", "use stop_strategy: restart");
+  if (d.mixture_block_size && (*d.mixture_block_size <= 0 || *d.mixture_block_size >= 65536))
+    v.error("data.mixture_block_size", "must be in [1, 65535] (got " + std::to_string(*d.mixture_block_size) + ")");
+  const std::pair<const char*, bool> unsupported[] = {{"target_budget", d.target_budget.set},
+                                                      {"experiment_budget", d.experiment_budget.set},
+                                                      {"max_train_batches", d.max_train_batches.has_value()},
+                                                      {"num_validation_sequences", d.num_validation_sequences.has_value()}};
+  for (const auto& [k, on] : unsupported)
+    if (on)
+      v.refuse(std::string("data.") + k, std::string("data.") + k + " (simulated epoching / caps) is not supported yet",
+               std::string("remove data.") + k);
+  if (d.bad_documents != "stop" && d.bad_documents != "skip")
+    v.error("data.bad_documents", "unknown policy '" + d.bad_documents + "': use stop or skip");
+  if (d.cache_options.target_size_bytes() <= 0)
+    v.error("data.cache_options.target_size_per_flush", "'" + d.cache_options.target_size_per_flush +
+                                                            "' is not a size (e.g. 512MB)");
+  if (d.cache_options.batch_size <= 0) v.error("data.cache_options.batch_size", "must be positive");
+  if (d.cache_options.num_threads < 0) v.error("data.cache_options.num_threads", "must be >= 0 (0: one per core)");
   if (d.format.set) {
     YAML::Node f = YAML::Load(d.format.yaml);
     std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
@@ -130,10 +141,14 @@ inline void check_data(validator& v, const LmDataConfig& d) {
   if (auto* era = std::get_if<int64_t>(&d.shuffle); era && *era <= 0)
     v.error("data.shuffle", "an era length must be positive (got " + std::to_string(*era) +
                                 "); use true for a full shuffle or false for none");
-  if (d.cache_options.set) v.note("data.cache_options", "ignored (the cache layout here is fixed)");
   if (d.shuffle_buffer_size) v.note("data.shuffle_buffer_size", "ignored (shuffling is by permutation)");
   if (d.chat_template) v.note("data.chat_template", "ignored (chat formats are not supported yet)");
   if (!d.id && d.name) v.note("data.name", "ignored (it names a Hugging Face dataset configuration)");
+}
+
+inline void check_viz(validator& v, const TrainVizConfig& z) {
+  if (z.every < 0) v.error("viz.every", "must be >= 0 (0 turns the heatmap off)");
+  if (z.every > 0 && z.num_docs <= 0) v.error("viz.num_docs", "must be positive");
 }
 
 inline void check_dtype(validator& v, const MpPolicy& mp) {
@@ -152,25 +167,29 @@ inline void check_trainer(validator& v, const TrainerConfig& t) {
     const std::string key = t.tracker.is_list ? join_index("trainer.tracker", i) : "trainer.tracker";
     const auto& tr = t.tracker.items[i];
     if (tr.get_if<WandbConfig>())
-      v.refuse(key, "the wandb tracker is not supported (no network here)", "use tracker: {type: json_logger}");
+      v.refuse(key, "the wandb tracker needs the Weights & Biases service, which this build cannot reach",
+               "use tracker: {type: tensorboard} (view with `tensorboard --logdir tblogs`), tracker: {type: json_logger} "
+               "(metrics.jsonl in the run dir), a list of both, or noop");
     if (const auto* tb = tr.get_if<TensorboardConfig>(); tb && tb->logdir)
       check_remote(v, key + ".logdir", *tb->logdir, "directory");
   }
   if (t.wandb.set)
     v.refuse("trainer.wandb", "trainer.wandb (a deprecated upstream alias of tracker) is not supported",
-             "use trainer.tracker: {type: json_logger}", t.wandb.where);
+             "use trainer.tracker: {type: tensorboard} or {type: json_logger} (or a list of both)", t.wandb.where);
   if (t.quantization.set)
     v.refuse("trainer.quantization", "quantized (fp8/int8) training is not supported", "remove trainer.quantization",
              t.quantization.where);
   if (t.model_averaging.set)
     v.refuse("trainer.model_averaging", "model averaging (EMA) is not supported yet", "remove trainer.model_averaging",
              t.model_averaging.where);
-  if (t.watch.set)
-    v.refuse("trainer.watch", "parameter/gradient watching is not supported yet", "remove trainer.watch",
-             t.watch.where);
-  if (t.profiler)
-    v.refuse("trainer.profiler", "the JAX profiler is not supported", "use perf or nsys on the process; set "
-             "profiler: false");
+  for (std::size_t i = 0; i < t.watch.watch_targets.items.size(); ++i) {
+    const auto& w = t.watch.watch_targets.items[i];
+    if (w != "grads" && w != "params" && w != "updates" && w != "opt_state")
+      v.error(t.watch.watch_targets.is_list ? join_index("trainer.watch.watch_targets", i) : "trainer.watch.watch_targets",
+              "unknown watch target '" + w + "': use grads, params, updates or opt_state");
+  }
+  if (t.watch.interval < 0) v.error("trainer.watch.interval", "must be >= 0 (0 turns watching off)");
+  if (t.profiler && t.profiler_num_steps <= 0) v.error("trainer.profiler_num_steps", "must be positive");
   if (t.initialize_from) check_remote(v, "trainer.initialize_from", *t.initialize_from, "directory");
   if (t.shutdown_at_exit)
     v.refuse("trainer.shutdown_at_exit", "shutting the machine down at exit is not supported",
@@ -224,7 +243,6 @@ inline void check_trainer(validator& v, const TrainerConfig& t) {
     v.error("trainer.steps_per_eval", "must be positive (got " + std::to_string(t.steps_per_eval) + ")");
   if (t.max_eval_batches && *t.max_eval_batches < 0)
     v.error("trainer.max_eval_batches", "must be >= 0 or unset (got " + std::to_string(*t.max_eval_batches) + ")");
-  if (t.profiler_num_steps <= 0 && t.profiler) v.error("trainer.profiler_num_steps", "must be positive");
 
   // checkpoint keep policies
   const auto& keep = t.checkpointer.keep;
@@ -334,6 +352,7 @@ inline void check_optimizer(validator& v, const AdamConfig& o) {
 inline validation_result validate(const TrainLmConfig& cfg, const source_map& sources) {
   detail::validator v{sources, {}};
   detail::check_data(v, cfg.data);
+  detail::check_viz(v, cfg.viz);
   detail::check_trainer(v, cfg.trainer);
   if (auto* m = cfg.model.get_if<Gpt2Config>()) detail::check_model(v, *m);
   if (auto* o = cfg.optimizer.get_if<AdamConfig>()) detail::check_optimizer(v, *o);

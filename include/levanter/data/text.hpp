@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <haliax/random.hpp>
+#include <levanter/data/error.hpp>
 
 namespace levanter::data {
 
@@ -26,11 +27,6 @@ namespace levanter::data {
 inline constexpr struct Examples final : haliax::axis<"examples"> {
 } Examples;
 
-/// A failure a user can cause with their data (missing file, malformed line, empty data): the message names the
-/// file (and line) and what to do.
-struct data_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 /// The byte-level tokenizer of the embedded default: ids 0–255 are the UTF-8 bytes, 256 is EOS. Needs no files.
 struct byte_tokenizer {
@@ -68,9 +64,6 @@ inline std::vector<std::string> expand_url(const std::string& url) {
   return out;
 }
 
-inline bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 /// Calls `f(text)` for every document of a local file: `.jsonl`/`.json` (field `text_key` of each line) or `.txt`
 /// (the whole file). A malformed line or a missing field stops with the file and line.

@@ -2,8 +2,10 @@
 // config, set up the run directory and trackers, build the data, the GPT-2 and AdamW, train with micro-batching,
 // evaluate on the validation split, and write the summary.
 //
-// Run directory `<trainer.log_dir>/<run id>/`: `config.yaml` (the resolved config), `metrics.jsonl` (json_logger
-// records), `summary.json` (written at the end), `train_lm.log` (the progress lines).
+// Run directory `<trainer.log_dir>/<run id>/`: `config.yaml` (the resolved config), `run_metadata.json` (source
+// revision, build, libraries, BLAS kernels and threads, host), `metrics.jsonl` (json_logger records),
+// `summary.json` (written at the end), `train_lm.log` (the progress lines), and with trainer.profiler
+// `profile.txt` / `profile.json` (per-op time of the profiled steps).
 //
 // Checkpoints go to `<trainer.checkpointer.base_path>/<run id>/step-N/` (checkpoint/checkpointer.hpp). A run
 // resumes from the newest complete checkpoint there (or under trainer.load_checkpoint_path), else from
@@ -15,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unistd.h>
@@ -26,10 +29,15 @@
 #include <levanter/config/train_lm_config.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/config/yaml.hpp>
+#include <levanter/data/lm_data.hpp>
 #include <levanter/data/text.hpp>
+#include <levanter/main/viz_lm.hpp>
 #include <levanter/models/gpt2.hpp>
 #include <levanter/optim/adamw.hpp>
+#include <levanter/profiler.hpp>
+#include <levanter/run_metadata.hpp>
 #include <levanter/trainer.hpp>
+#include <levanter/watch.hpp>
 
 namespace levanter {
 
@@ -70,20 +78,51 @@ inline std::unique_ptr<tracker> make_tracker(const TrainerConfig& t, const std::
   return std::make_unique<composite_tracker>(std::move(ts));
 }
 
-/// Mean next-token loss of `model` over `n` windows starting at `first` in batches of `batch` (no gradients).
-inline double evaluate(const gpt2::LMHeadModel& model, const Gpt2Config& mc, const data::token_windows& windows,
-                       std::int64_t batch, std::int64_t max_batches, std::int64_t eos, std::int64_t ignore_id) {
-  haliax::no_grad_guard ng;
-  const std::int64_t available = windows.size() / batch;
-  const std::int64_t nb = max_batches > 0 ? std::min(available, max_batches) : available;
-  double sum = 0;
-  for (std::int64_t b = 0; b < nb; ++b) {
-    auto host = windows.examples(b * batch, batch);
-    auto tokens = haliax::from_host<std::int32_t>(host, batch * Batch, windows.seq_len() * Pos);
-    auto ex = lm_example::causal(tokens, eos, ignore_id);
-    sum += gpt2::next_token_loss(model, mc, ex).item();
+/// What an evaluation of one validation set adds up: the summed next-token loss (nats), the number of
+/// predicted tokens and the UTF-8 bytes they stand for (for bits per byte).
+struct eval_totals {
+  double nll = 0;
+  double targets = 0;
+  double bytes = 0;
+  double loss() const { return targets > 0 ? nll / targets : std::nan(""); }
+  double bpb() const { return bytes > 0 ? nll / std::log(2.0) / bytes : std::nan(""); }
+  eval_totals& operator+=(const eval_totals& o) {
+    nll += o.nll;
+    targets += o.targets;
+    bytes += o.bytes;
+    return *this;
   }
-  return nb > 0 ? sum / double(nb) : std::nan("");
+};
+
+/// The next-token loss of `model` over the first windows of `windows` in batches of `batch` (no gradients).
+inline eval_totals evaluate(const gpt2::LMHeadModel& model, const Gpt2Config& mc, const data::cache_windows& windows,
+                            std::int64_t batch, std::int64_t max_batches, std::int64_t eos, std::int64_t ignore_id,
+                            const data::tokenizer& tok) {
+  haliax::no_grad_guard ng;
+  const std::int64_t n = windows.final_size();
+  batch = std::min(batch, n);
+  eval_totals tot;
+  if (batch <= 0) return tot;
+  const std::int64_t available = n / batch;
+  const std::int64_t nb = max_batches > 0 ? std::min(available, max_batches) : available;
+  const std::int64_t L = windows.seq_len();
+  std::vector<std::int32_t> host(static_cast<std::size_t>(batch * L));
+  for (std::int64_t b = 0; b < nb; ++b) {
+    for (std::int64_t r = 0; r < batch; ++r) windows.window(b * batch + r, host.data() + r * L);
+    auto tokens = haliax::from_host<std::int32_t>(host, batch * Batch, L * Pos);
+    auto ex = lm_example::causal(tokens, eos, ignore_id);
+    const double mean = gpt2::next_token_loss(model, mc, ex).item();
+    double targets = 0, bytes = 0;
+    for (std::int64_t r = 0; r < batch; ++r)
+      for (std::int64_t p = 0; p + 1 < L; ++p) {
+        const auto next = host[static_cast<std::size_t>(r * L + p + 1)];
+        if (next == ignore_id) continue;
+        targets += 1;
+        bytes += double(tok.token_byte_length(next));
+      }
+    tot += eval_totals{mean * targets, targets, bytes};
+  }
+  return tot;
 }
 
 /// A YAML tree as JSON (scalars that read as numbers or booleans become numbers or booleans).
@@ -163,30 +202,25 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   }
   const Gpt2Config& mc = *mc_ptr;
 
-  // Data (validation refused every tokenizer but the byte one before we get here).
-  const data::byte_tokenizer tok;
-  const std::int64_t vocab = hf_init ? hf_init->vocab_size : cfg.data.vocab_size.value_or(data::byte_tokenizer::vocab_size);
-  if (hf_init && vocab < data::byte_tokenizer::vocab_size)
-    throw config::config_error("initialize_from_hf: the checkpoint's vocabulary (" + std::to_string(vocab) +
-                               " tokens) is smaller than the byte tokenizer's " +
-                               std::to_string(data::byte_tokenizer::vocab_size));
-  if (vocab < data::byte_tokenizer::vocab_size)
-    throw config::config_error("data.vocab_size " + std::to_string(vocab) + " is smaller than the byte tokenizer's " +
-                               std::to_string(data::byte_tokenizer::vocab_size));
-  const std::string text_key = cfg.data.text_key.value_or("text");
-  if (cfg.data.train_urls.empty())
-    throw config::config_error("data.train_urls is empty: give at least one local .jsonl or .txt file");
-  data::token_windows train(data::tokenize_files(cfg.data.train_urls, tok, text_key, cfg.data.enforce_eos), mc.seq_len);
-  if (train.size() == 0)
-    throw data::data_error("the training data holds " + std::to_string(train.num_tokens()) +
-                           " tokens, fewer than one sequence of seq_len " + std::to_string(mc.seq_len));
-  if (const auto* sh = std::get_if<bool>(&cfg.data.shuffle); (sh && *sh) || std::holds_alternative<std::int64_t>(cfg.data.shuffle))
-    train.shuffle(data_key);
-  std::optional<data::token_windows> valid;
-  if (!cfg.data.validation_urls.empty()) {
-    valid.emplace(data::tokenize_files(cfg.data.validation_urls, tok, text_key, cfg.data.enforce_eos), mc.seq_len);
-    if (valid->size() == 0) valid.reset();
+  // Data: the tokenizer, a cache per dataset and split (built in the background the first time), the order.
+  std::unique_ptr<data::lm_data> data_ptr;
+  {
+    data::lm_data::options dopt;
+    dopt.seq_len = mc.seq_len;
+    dopt.batch_size = t.train_batch_size.at(0);
+    dopt.data_key = data_key;
+    dopt.log = [&](const std::string& m) { say("train_lm: " + m); };
+    data_ptr = std::make_unique<data::lm_data>(cfg.data, dopt);
   }
+  const data::lm_data& train = *data_ptr;
+  const data::tokenizer& tok = train.tok();
+  const std::int64_t vocab = hf_init ? hf_init->vocab_size : cfg.data.vocab_size.value_or(tok.vocab_size());
+  if (vocab < tok.vocab_size())
+    throw config::config_error(std::string(hf_init ? "initialize_from_hf: the checkpoint's vocabulary (" : "data.vocab_size (") +
+                               std::to_string(vocab) + " tokens) is smaller than the tokenizer's (" +
+                               std::to_string(tok.vocab_size()) + ", " + tok.name() + ")");
+  // EOS marks document boundaries (segment ids); -1 when the tokenizer has none (passthrough).
+  const std::int64_t eos = tok.eos_id() ? *tok.eos_id() : -1;
 
   // Model and optimizer.
   auto model = gpt2::LMHeadModel::init(mc, vocab, model_key);
@@ -256,7 +290,7 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   auto export_hf = [&](std::int64_t step) {
     const auto dir = *hf_save_dir / ("step-" + std::to_string(step));
     hf::save_gpt2(model, mc, vocab, dir.string(), hf::dtype_from_config(cfg.hf_save_dtype), hf::default_max_shard_bytes,
-                  data::byte_tokenizer::eos_id);
+                  eos >= 0 ? eos : vocab - 1);
     say("train_lm: exported a Hugging Face checkpoint to " + dir.string());
   };
 
@@ -264,29 +298,102 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   meter.flops_per_token = 3.0 * mc.flops_per_token(vocab);
   meter.peak_flops = measure_gemm_peak();
 
-  trk->log_hyperparameters(detail::yaml_to_json(YAML::Load(resolved_yaml)));
+  const json metadata = run_metadata();
+  write_file_atomic(run_dir / "run_metadata.json", metadata.dump(2) + "\n");
+  {
+    json hparams = detail::yaml_to_json(YAML::Load(resolved_yaml));
+    hparams["run_metadata"] = metadata;
+    trk->log_hyperparameters(hparams);
+  }
+  const watch::options watch_opts{t.watch.include_norms, t.watch.include_per_parameter_norms,
+                                  t.watch.include_histograms, t.watch.split_scan_layers};
+  auto watching = [&](const char* target) {
+    const auto& w = t.watch.watch_targets.items;
+    return std::find(w.begin(), w.end(), target) != w.end();
+  };
+  profiler prof;
+  const std::int64_t prof_first = std::max<std::int64_t>(t.profiler_start_step, start_step);
+  const std::int64_t prof_end = std::min<std::int64_t>(prof_first + t.profiler_num_steps, t.num_train_steps);
+  double prof_seconds = 0;
+  double hook_seconds = 0;  // the previous step's hooks (eval, checkpoint, exports), logged with this step
   say("train_lm: run " + run_id + " -> " + run_dir.string());
-  say("train_lm: gpt2 " + std::to_string(n_params) + " parameters, vocab " + std::to_string(vocab) + ", " +
-      std::to_string(train.num_tokens()) + " training tokens (" + std::to_string(train.size()) + " sequences of " +
-      std::to_string(mc.seq_len) + ")" + (valid ? ", " + std::to_string(valid->size()) + " validation sequences" : ""));
+  say("train_lm: gpt2 " + std::to_string(n_params) + " parameters, vocab " + std::to_string(vocab) + " (tokenizer " +
+      tok.name() + "), sequences of " + std::to_string(mc.seq_len) + " tokens" +
+      (train.is_mixture() ? ", a mixture of " + std::to_string(train.specs().size()) + " datasets" : "") + ", " +
+      std::to_string(train.validation_sets().size()) + " validation set(s)");
   say("train_lm: OpenBLAS core " + openblas_core() + ", " + std::to_string(haliax::num_threads()) +
       " threads, measured GEMM peak " + std::to_string(static_cast<long long>(meter.peak_flops / 1e9)) + " GFLOP/s");
 
-  const auto eos = data::byte_tokenizer::eos_id;
   const auto ignore = cfg.data.ignore_token_id;
   const auto policy = mc.gradient_checkpointing ? haliax::nn::checkpoint_policy::per_layer
                                                 : haliax::nn::checkpoint_policy::none;
   const std::int64_t eval_batch_default = t.train_batch_size.at(0);
+  // Evaluation (upstream TaggedEvaluator): eval/loss over all validation tokens, eval/<tag>/loss per dataset
+  // name and tag, eval/macro_loss (mean over tags), and bits per byte alongside.
   auto run_eval = [&](std::int64_t step) -> std::optional<double> {
-    if (!valid) return std::nullopt;
+    const auto& sets = train.validation_sets();
+    if (sets.empty()) return std::nullopt;
     const std::int64_t eb = t.per_device_eval_parallelism > 0 ? t.per_device_eval_parallelism
                             : t.per_device_parallelism > 0    ? t.per_device_parallelism
                                                               : eval_batch_default;
-    const std::int64_t bs = std::min<std::int64_t>(eb, valid->size());
-    const double l = detail::evaluate(model, mc, *valid, bs, t.max_eval_batches.value_or(0), eos, ignore);
-    trk->log(json{{"eval/loss", l}}, step);
-    say("eval step " + std::to_string(step) + "  loss " + std::to_string(l));
-    return l;
+    detail::eval_totals all;
+    std::map<std::string, detail::eval_totals> by_tag;
+    std::vector<std::string> tag_order;
+    for (const auto& v : sets) {
+      const auto e = detail::evaluate(model, mc, *v.windows, eb, t.max_eval_batches.value_or(0), eos, ignore, tok);
+      all += e;
+      for (const auto& tag : v.tags) {
+        if (!by_tag.count(tag)) tag_order.push_back(tag);
+        by_tag[tag] += e;
+      }
+    }
+    if (all.targets == 0) return std::nullopt;
+    json m = {{"eval/loss", all.loss()}, {"eval/bpb", all.bpb()}};
+    double macro = 0;
+    for (const auto& tag : tag_order) {
+      m["eval/" + tag + "/loss"] = by_tag[tag].loss();
+      m["eval/" + tag + "/bpb"] = by_tag[tag].bpb();
+      macro += by_tag[tag].loss();
+    }
+    if (!tag_order.empty()) m["eval/macro_loss"] = macro / double(tag_order.size());
+    trk->log(m, step);
+    std::string line = "eval step " + std::to_string(step) + "  loss " + std::to_string(all.loss()) + "  bpb " +
+                       std::to_string(all.bpb());
+    for (const auto& tag : tag_order) line += "  " + tag + " " + std::to_string(by_tag[tag].loss());
+    say(line);
+    return all.loss();
+  };
+
+  // The token-probability heatmap, refreshed every viz.every steps.
+  std::vector<std::vector<std::int32_t>> viz_docs;
+  const std::string viz_path = cfg.viz.path ? *cfg.viz.path : (run_dir / "logprobs.html").string();
+  if (cfg.viz.every > 0) {
+    if (train.validation_sets().empty())
+      throw config::config_error("viz.every is set but there is no validation data to show (data.validation_urls)");
+    const auto& w = *train.validation_sets().front().windows;
+    const std::int64_t n = w.final_size();
+    const std::int64_t k = std::min<std::int64_t>(cfg.viz.num_docs, n);
+    std::optional<data::example_order> order;
+    if (cfg.viz.data_seed)
+      order.emplace(data::example_order::full(data::permutation_kind::feistel, static_cast<std::uint64_t>(n),
+                                              haliax::random::make_key(static_cast<std::uint64_t>(*cfg.viz.data_seed))));
+    for (std::int64_t i = 0; i < k; ++i) {
+      std::vector<std::int32_t> doc(static_cast<std::size_t>(mc.seq_len));
+      w.window(order ? static_cast<std::int64_t>((*order)(static_cast<std::uint64_t>(i))) : i, doc.data());
+      viz_docs.push_back(std::move(doc));
+    }
+  }
+  auto viz_text = [&](std::int32_t id) {
+    if (tok.name() == "byte") return viz::byte_token_text(id);
+    if (tok.name() == "passthrough") return std::to_string(id) + " ";
+    auto s = tok.token_text(id);
+    return s.empty() ? "<|" + std::to_string(id) + "|>" : s;
+  };
+  auto refresh_viz = [&](std::int64_t step) {
+    viz::page_info info;
+    info.model_name = "run " + run_id;
+    info.eos_id = eos;
+    viz::write_logprobs_for_model(model, mc, viz_docs, viz_text, viz_path, step, info);
   };
 
   train_result res;
@@ -298,7 +405,9 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
   const auto t_start = std::chrono::steady_clock::now();
   const std::int64_t print_every = std::max<std::int64_t>(1, std::min<std::int64_t>(10, t.num_train_steps / 20));
   for (std::int64_t step = start_step; step < t.num_train_steps; ++step) {
+    if (t.profiler && step == prof_first) prof.start();
     const auto t0 = std::chrono::steady_clock::now();
+    double loading_seconds = 0;
     const std::int64_t B = t.train_batch_size.at(step);
     const std::int64_t mb = t.per_device_parallelism > 0 ? std::min(t.per_device_parallelism, B) : B;
     const std::int64_t micro = B / mb;
@@ -308,7 +417,13 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
     double loss_sum = 0;
     std::optional<gpt2::LMHeadModel> grads;
     for (std::int64_t m = 0; m < micro; ++m) {
-      auto host = train.examples(offset + m * mb, mb);
+      const auto tl = std::chrono::steady_clock::now();
+      std::vector<std::int32_t> host;
+      {
+        haliax::detail::profile::region r([] { return std::string("train_lm: load batch"); }, 0.0);
+        host = train.examples(offset + m * mb, mb);  // waits only if the cache has not reached these windows
+      }
+      loading_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
       auto tokens = haliax::from_host<std::int32_t>(host, mb * Batch, mc.seq_len * Pos);
       auto ex = lm_example::causal(tokens, eos, ignore);
       gpt2::forward_options fo;
@@ -328,8 +443,37 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
       *grads = haliax::tree::map(*grads, [s = 1.0f / float(micro)](const std::string&, const auto& x) { return x * s; });
     const double loss = loss_sum / double(micro);
     check_finite(loss, "train/loss", step, t.crash_on_nan, t.crash_on_inf);
-    const auto stats = opt.update(model, *grads, opt_state, loss);
+    json watched = json::object();
+    const bool watch_now = t.watch.enabled() && step % t.watch.interval == 0;
+    std::optional<gpt2::LMHeadModel> before;  // for the `updates` target: the parameters before the update
+    if (watch_now) {
+      haliax::detail::profile::region r([] { return std::string("train_lm: watch"); }, 0.0);
+      haliax::no_grad_guard ng;
+      if (watching("grads")) watch::summarize("grad", *grads, watch_opts, watched, trk.get(), step);
+      if (watching("updates"))
+        before = haliax::tree::map(model, [](const std::string&, const auto& x) { return x * 1.0f; });
+    }
+    optim::update_stats stats;
+    {
+      haliax::detail::profile::region r([] { return std::string("optimizer update"); }, 0.0);
+      stats = opt.update(model, *grads, opt_state, loss);
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (watch_now) {
+      haliax::detail::profile::region r([] { return std::string("train_lm: watch"); }, 0.0);
+      haliax::no_grad_guard ng;
+      if (watching("params")) watch::summarize("params", model, watch_opts, watched, trk.get(), step);
+      if (before) {
+        haliax::tree::zip_leaves(*before, model, [](const std::string&, auto& b, const auto& p) { b = p - b; });
+        watch::summarize("updates", *before, watch_opts, watched, trk.get(), step);
+        before.reset();
+      }
+      if (watching("opt_state")) {
+        watch::summarize("opt_state/mu", opt_state.mu, watch_opts, watched, trk.get(), step);
+        watch::summarize("opt_state/nu", opt_state.nu, watch_opts, watched, trk.get(), step);
+      }
+    }
+    const auto t_hooks = std::chrono::steady_clock::now();
 
     if (step == start_step) res.first_loss = loss;
     res.final_loss = loss;
@@ -339,7 +483,13 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
     if (stats.skipped) metrics["optim/skipped_step"] = 1;
     const json perf = meter.on_step(B * mc.seq_len, B, secs);
     for (const auto& el : perf.items()) metrics[el.key()] = el.value();
-    trk->log(metrics, step);
+    metrics["throughput/loading_time"] = loading_seconds;
+    metrics["throughput/hook_time"] = hook_seconds;
+    for (const auto& el : watched.items()) metrics[el.key()] = el.value();
+    {
+      haliax::detail::profile::region r([] { return std::string("train_lm: log metrics"); }, 0.0);
+      trk->log(metrics, step);
+    }
 
     if ((step + 1) % print_every == 0 || step == 0 || step + 1 == t.num_train_steps) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -357,7 +507,20 @@ inline train_result run_train_lm(const TrainLmConfig& cfg, const std::string& re
     ckpt.on_step(step + 1, [&] { return state_files(step + 1); }, last);
     if (hf_save_dir && ((cfg.hf_save_steps > 0 && (step + 1) % cfg.hf_save_steps == 0) || last))
       export_hf(step + 1);
+    if (cfg.viz.every > 0 && ((step + 1) % cfg.viz.every == 0 || last)) refresh_viz(step + 1);
+    const auto t_end = std::chrono::steady_clock::now();
+    hook_seconds = std::chrono::duration<double>(t_end - t_hooks).count();
+    if (prof.running()) {
+      prof_seconds += std::chrono::duration<double>(t_end - t0).count();
+      if (step + 1 == prof_end) {
+        prof.stop();
+        prof.write(run_dir, prof_first, prof_end - prof_first, prof_seconds);
+        say("train_lm: profile of steps " + std::to_string(prof_first) + ".." + std::to_string(prof_end - 1) + " in " +
+            (run_dir / "profile.txt").string());
+      }
+    }
   }
+  if (prof.running()) prof.stop();
   ckpt.wait();
   if (res.steps > start_step)  // the last step is always saved
     res.last_checkpoint = (ck_policy.base_path / ("step-" + std::to_string(res.steps))).string();

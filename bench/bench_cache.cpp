@@ -1,0 +1,202 @@
+// Tokenized cache build end to end: ~100 MB of JSON lines (4 gzip files, generated once in the temporary directory)
+// to a finished cache (data, offsets and ledger, fsync at each commit), with the byte-level tokenizer and the GPT-2
+// style BPE tokenizer of tests/golden/tokenizers/gpt2_style, at 1 and 2 tokenizing threads.
+//
+//   read       gunzip + line split only (the reader thread's share)
+//   parse      gunzip + line split + JSON parse + UTF-8 check, serial (read_documents)
+//   build      open_or_build_cache until finished (arguments: threads, fsync at each commit)
+//
+// Counters: MB_per_s (uncompressed JSON-lines bytes / wall time), Mtokens_per_s. Set LEVANTER_BENCH_DIR to put the
+// files on another disk; LEVANTER_BENCH_CACHE_MB changes the corpus size (default 100).
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <levanter/data/cache.hpp>
+#include <levanter/data/permutation.hpp>
+#include <levanter/data/tokenizer.hpp>
+
+namespace fs = std::filesystem;
+namespace data = levanter::data;
+
+namespace {
+
+fs::path bench_dir() {
+  const char* base = std::getenv("LEVANTER_BENCH_DIR");
+  return fs::path(base ? base : fs::temp_directory_path().string()) / "levanter_bench_cache";
+}
+
+std::int64_t corpus_mb() {
+  const char* v = std::getenv("LEVANTER_BENCH_CACHE_MB");
+  return v ? std::max<std::int64_t>(1, std::atoll(v)) : 100;
+}
+
+// Four .jsonl.gz files of English-like text (a fixed word list, a fixed LCG), made once and reused.
+struct corpus {
+  std::vector<std::string> files;
+  std::int64_t bytes = 0;  // uncompressed JSON-lines bytes
+};
+
+const corpus& the_corpus() {
+  static corpus c = [] {
+    corpus out;
+    const fs::path dir = bench_dir() / ("corpus-" + std::to_string(corpus_mb()) + "MB");
+    fs::create_directories(dir);
+    static const char* words[] = {"the",    "of",     "and",   "to",     "in",      "a",       "is",     "that",
+                                  "for",    "it",     "as",    "was",    "with",    "be",      "by",     "on",
+                                  "not",    "he",     "this",  "are",    "or",      "his",     "from",   "at",
+                                  "which",  "but",    "have",  "an",     "had",     "they",    "you",    "were",
+                                  "model",  "token",  "cache", "train",  "levanter", "haliax", "named",  "tensor",
+                                  "axis",   "résumé", "naïve", "café",   "über",    "日本語",  "数据",   "2024",
+                                  "42",     "3.14",   "—",     "\\\"quoted\\\"", "line\\nbreak", "tab\\t", "GPU", "TPU"};
+    const std::size_t nwords = sizeof(words) / sizeof(words[0]);
+    const std::int64_t target = corpus_mb() * 1000 * 1000 / 4;
+    std::uint64_t x = 12345;
+    for (int f = 0; f < 4; ++f) {
+      const fs::path p = dir / ("part-" + std::to_string(f) + ".jsonl.gz");
+      out.files.push_back(p.string());
+      const fs::path size_file = dir / ("part-" + std::to_string(f) + ".size");
+      if (fs::exists(p) && fs::exists(size_file)) {
+        std::int64_t n = 0;
+        std::ifstream(size_file) >> n;
+        out.bytes += n;
+        continue;
+      }
+      gzFile gz = gzopen(p.c_str(), "wb6");
+      std::int64_t written = 0;
+      std::string line;
+      while (written < target) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const std::size_t nw = 20 + (x >> 33) % 600;  // documents of ~100 B to ~4 KB
+        line = "{\"id\": " + std::to_string(written) + ", \"text\": \"";
+        for (std::size_t i = 0; i < nw; ++i) {
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          if (i) line += ((x >> 20) % 17 == 0) ? ". " : " ";
+          line += words[(x >> 33) % nwords];
+        }
+        line += "\"}\n";
+        gzwrite(gz, line.data(), static_cast<unsigned>(line.size()));
+        written += static_cast<std::int64_t>(line.size());
+      }
+      gzclose(gz);
+      std::ofstream(size_file) << written;
+      out.bytes += written;
+    }
+    return out;
+  }();
+  return c;
+}
+
+const data::tokenizer& bpe() {
+  static data::tokenizer t =
+      data::tokenizer::from_file((fs::path(__FILE__).parent_path().parent_path() / "tests/golden/tokenizers/gpt2_style").string());
+  return t;
+}
+
+void set_rate(benchmark::State& st, double bytes, double tokens) {
+  st.counters["MB_per_s"] = benchmark::Counter(bytes / 1e6, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["Mtokens_per_s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["MB"] = bytes / 1e6;
+}
+
+void BM_read(benchmark::State& st) {
+  const auto& c = the_corpus();
+  for (auto _ : st) {
+    std::int64_t n = 0;
+    for (const auto& f : c.files) {
+      data::record_reader rd(f);
+      data::record r;
+      while (rd.next(r)) n += static_cast<std::int64_t>(r.bytes.size());
+    }
+    benchmark::DoNotOptimize(n);
+  }
+  set_rate(st, static_cast<double>(c.bytes), 0);
+}
+
+void BM_parse(benchmark::State& st) {
+  const auto& c = the_corpus();
+  for (auto _ : st) {
+    std::int64_t n = 0;
+    data::read_documents(c.files, {}, [&](std::string_view t) { n += static_cast<std::int64_t>(t.size()); });
+    benchmark::DoNotOptimize(n);
+  }
+  set_rate(st, static_cast<double>(c.bytes), 0);
+}
+
+template <bool Bpe>
+void BM_build(benchmark::State& st) {
+  const auto& c = the_corpus();
+  const data::tokenizer tok = Bpe ? bpe() : data::tokenizer::byte_level();
+  data::cache_options o;
+  o.num_threads = static_cast<int>(st.range(0));
+  o.fsync = st.range(1) != 0;
+  std::int64_t tokens = 0;
+  for (auto _ : st) {
+    st.PauseTiming();
+    const fs::path dir = bench_dir() / ("cache-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    st.ResumeTiming();
+    auto cache = data::open_or_build_cache(dir.string(), c.files, {}, data::make_encode_fn(tok, true, true),
+                                           data::tokenizer_metadata(tok, true, true), o);
+    tokens = cache->total_tokens();
+    st.PauseTiming();
+    cache.reset();
+    fs::remove_all(dir);
+    st.ResumeTiming();
+  }
+  set_rate(st, static_cast<double>(c.bytes), static_cast<double>(tokens));
+  st.counters["tokens"] = static_cast<double>(tokens);
+  st.counters["threads"] = static_cast<double>(o.num_threads);
+  st.counters["fsync"] = o.fsync ? 1 : 0;
+}
+
+// The loader side: one GPT-2-small batch (512 windows of 1024 tokens, in upstream's shuffled order: a linear
+// permutation of the windows) read from a finished cache, as train_lm reads every step. Compare batches/s with
+// the training step rate: GPT-2-small takes seconds per step on a CPU, so one batch per step is far below this.
+void BM_load_batch(benchmark::State& st) {
+  const auto& c = the_corpus();
+  const fs::path dir = bench_dir() / "cache-load";
+  const auto tok = data::tokenizer::byte_level();
+  auto cache = data::open_or_build_cache(dir.string(), c.files, {}, data::make_encode_fn(tok, true, true),
+                                         data::tokenizer_metadata(tok, true, true), {});
+  const std::int64_t L = 1024, B = 512;
+  const std::int64_t n = cache->total_tokens() / L;
+  const auto order = data::example_order::full(data::permutation_kind::linear, static_cast<std::uint64_t>(n),
+                                               haliax::random::make_key(0));
+  std::vector<std::int32_t> batch(static_cast<std::size_t>(B * L));
+  std::int64_t step = 0;
+  for (auto _ : st) {
+    for (std::int64_t r = 0; r < B; ++r) {
+      const auto w = static_cast<std::int64_t>(order(static_cast<std::uint64_t>((step * B + r) % n)));
+      cache->read_tokens(w * L, L, batch.data() + r * L);
+    }
+    benchmark::DoNotOptimize(batch.data());
+    ++step;
+  }
+  st.counters["batches_per_second"] = benchmark::Counter(static_cast<double>(step), benchmark::Counter::kIsRate);
+  st.counters["tokens_per_batch"] = static_cast<double>(B * L);
+  st.counters["windows"] = static_cast<double>(n);
+}
+
+}  // namespace
+
+BENCHMARK(BM_load_batch)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_read)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_parse)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_build<false>)->Name("BM_build/byte")->Args({1, 1})->Args({2, 1})->Args({2, 0})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_build<true>)->Name("BM_build/gpt2_style")->Args({1, 1})->Args({2, 1})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext("hardware_concurrency", std::to_string(std::thread::hardware_concurrency()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
