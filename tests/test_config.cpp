@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <levanter/config/cli.hpp>
-#include <levanter/config/train_lm_config.hpp>
+#include <levanter/main/train_lm_config.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/config/yaml.hpp>
 

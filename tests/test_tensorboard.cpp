@@ -1,4 +1,4 @@
-// Tests for levanter/tensorboard.hpp: CRC-32C, TFRecord framing, the protobuf encoding, and records compared byte
+// Tests for levanter/tracker/tensorboard.hpp: CRC-32C, TFRecord framing, the protobuf encoding, and records compared byte
 // for byte with those of the Python `tensorboard` package (tests/golden/tensorboard/records.txt, written by
 // tests/oracle/gen_tensorboard_golden.py with the same inputs as below). With LEVANTER_TB_CHECK_DIR set, the
 // event_writer test leaves its logdir there for tests/oracle/check_tensorboard.py.
@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <levanter/tensorboard.hpp>
+#include <levanter/tracker/tensorboard.hpp>
 #include <map>
 #include <sstream>
 #include <stdexcept>

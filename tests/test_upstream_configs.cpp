@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <levanter/config/cli.hpp>
-#include <levanter/config/train_lm_config.hpp>
+#include <levanter/main/train_lm_config.hpp>
 #include <levanter/config/validate.hpp>
 
 namespace fs = std::filesystem;

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include <haliax/tree.hpp>
-#include <levanter/tracker.hpp>
+#include <levanter/tracker/tracker.hpp>
 
 namespace levanter::watch {
 

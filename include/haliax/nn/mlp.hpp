@@ -12,24 +12,11 @@
 
 #include "../core.hpp"
 #include "../random.hpp"
+#include "activation.hpp"
 #include "functions.hpp"
 #include "linear.hpp"
 
 namespace haliax::nn {
-
-/// Activation functions by their upstream config names (`activation_function: gelu_new`).
-enum class activation { relu, gelu, gelu_new, quick_gelu, silu };
-
-/// Parses an upstream activation name; throws naming the valid ones.
-inline activation activation_from_name(std::string_view name) {
-  if (name == "relu") return activation::relu;
-  if (name == "gelu") return activation::gelu;
-  if (name == "gelu_new") return activation::gelu_new;
-  if (name == "quick_gelu") return activation::quick_gelu;
-  if (name == "silu" || name == "swish") return activation::silu;
-  throw std::invalid_argument("haliax::nn: unknown activation '" + std::string(name) +
-                              "' (valid: relu, gelu, gelu_new, quick_gelu, silu)");
-}
 
 /// Applies `a` elementwise.
 template <class X>

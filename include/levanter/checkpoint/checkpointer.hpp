@@ -34,7 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include <levanter/checkpoint/h5.hpp>
-#include <levanter/config/train_lm_config.hpp>
+#include <levanter/checkpoint/config.hpp>
 
 namespace levanter::checkpoint {
 

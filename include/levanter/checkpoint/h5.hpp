@@ -291,6 +291,37 @@ class reader {
 
   const std::string& path() const { return path_; }
 
+  /// Every dataset in the file, by dotted path, in the file's name order.
+  std::vector<std::string> dataset_names() const {
+    struct ctx {
+      hid_t file;
+      std::vector<std::string> names;
+    } c{file_.get(), {}};
+#if H5_VERSION_GE(1, 12, 0)
+    auto visit = [](hid_t, const char* name, const H5L_info2_t*, void* data) -> herr_t {
+#else
+    auto visit = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+#endif
+      auto* cx = static_cast<ctx*>(data);
+      H5O_type_t type = H5O_TYPE_UNKNOWN;
+      const hid_t obj = H5Oopen(cx->file, name, H5P_DEFAULT);
+      if (obj >= 0) {
+        type = H5Iget_type(obj) == H5I_DATASET ? H5O_TYPE_DATASET : H5O_TYPE_GROUP;
+        H5Oclose(obj);
+      }
+      if (type == H5O_TYPE_DATASET) {
+        std::string dotted(name);
+        for (auto& ch : dotted)
+          if (ch == '/') ch = '.';
+        cx->names.push_back(std::move(dotted));
+      }
+      return 0;
+    };
+    if (H5Lvisit(file_.get(), H5_INDEX_NAME, H5_ITER_INC, visit, &c) < 0)
+      throw error("cannot list the datasets of '" + path_ + "'");
+    return c.names;
+  }
+
   /// Whether the dotted `path` names a dataset.
   bool has(const std::string& dotted) const {
     const std::string p = detail::h5_path(dotted);

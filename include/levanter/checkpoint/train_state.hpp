@@ -2,7 +2,8 @@
 // state) and how it is loaded back, newest complete checkpoint first.
 //
 //   model.h5           one dataset per parameter, by parameter path, with its axis names
-//   opt_state.h5       AdamW: mu.<path>, nu.<path>, count, adam_count, and the skip/clip history windows
+//   opt_state.h5       the optimizer's state (AdamW: mu.<path>, nu.<path>, count, adam_count, and the skip/clip
+//                      history windows; optim/optimizer.hpp)
 //   training_state.h5  step, training_key (uint32[2]), data_offset (examples consumed; batches are a pure
 //                      function of config, seed and step, so this is a check, not state)
 //   config.yaml        the resolved config of the run that wrote it
@@ -15,35 +16,13 @@
 
 #include <haliax/random.hpp>
 #include <levanter/checkpoint/checkpointer.hpp>
-#include <levanter/optim/adamw.hpp>
+#include <levanter/optim/optimizer.hpp>
 
 namespace levanter::checkpoint {
 
-namespace detail {
-inline void add_window(snapshot& s, const std::string& name, const optim::rolling_window& w) {
-  s.add_vector(name + ".values", w.values);
-  std::vector<std::uint8_t> valid(w.valid.begin(), w.valid.end());
-  s.add_vector(name + ".valid", valid);
-  s.add_scalar(name + ".index", static_cast<std::int64_t>(w.index));
-  s.add_scalar(name + ".count", static_cast<std::int64_t>(w.count));
-}
-inline void read_window(const reader& r, const std::string& name, optim::rolling_window& w) {
-  auto values = r.vector<float>(name + ".values");
-  if (values.size() != w.values.size())
-    throw error("'" + name + "' in '" + r.path() + "' holds " + std::to_string(values.size()) +
-                " entries but the optimizer config asks for " + std::to_string(w.values.size()) +
-                " (was skip_bad_steps or clip_update_norm changed?)");
-  w.values = std::move(values);
-  const auto valid = r.vector<std::uint8_t>(name + ".valid");
-  w.valid.assign(valid.begin(), valid.end());
-  w.index = r.scalar<std::int64_t>(name + ".index");
-  w.count = r.scalar<std::int64_t>(name + ".count");
-}
-}  // namespace detail
-
 /// The in-memory snapshot of a training state (taken on the training thread; cheap next to a step).
 template <class M>
-std::vector<named_file> train_state_files(const M& model, const optim::adamw_state<M>* opt, std::int64_t step,
+std::vector<named_file> train_state_files(const M& model, const optim::optimizer<M>* opt, std::int64_t step,
                                           haliax::random::key training_key, std::int64_t data_offset,
                                           const std::string& resolved_config) {
   std::vector<named_file> files;
@@ -51,14 +30,7 @@ std::vector<named_file> train_state_files(const M& model, const optim::adamw_sta
   files.back().data.add_tree("", model);
   if (opt) {
     files.push_back({"opt_state.h5", {}, {}});
-    auto& s = files.back().data;
-    s.add_tree("mu", opt->mu);
-    s.add_tree("nu", opt->nu);
-    s.add_scalar("count", static_cast<std::int64_t>(opt->count));
-    s.add_scalar("adam_count", static_cast<std::int64_t>(opt->adam_count));
-    detail::add_window(s, "skip_losses", opt->skip_losses);
-    detail::add_window(s, "skip_grad_norms", opt->skip_grad_norms);
-    detail::add_window(s, "update_norms", opt->update_norms);
+    opt->save_state(files.back().data);
   }
   files.push_back({"training_state.h5", {}, {}});
   auto& t = files.back().data;
@@ -82,7 +54,7 @@ struct loaded_state {
 /// unreadable or does not match the model. A checkpoint without opt_state.h5 (e.g. an HF import) loads the
 /// model only.
 template <class M>
-loaded_state load_train_state(const checkpoint_info& info, M& model, optim::adamw_state<M>* opt, bool allow_partial) {
+loaded_state load_train_state(const checkpoint_info& info, M& model, optim::optimizer<M>* opt, bool allow_partial) {
   verify_files(info);
   loaded_state out;
   out.info = info;
@@ -94,15 +66,8 @@ loaded_state load_train_state(const checkpoint_info& info, M& model, optim::adam
   const fs::path opt_path = info.path / "opt_state.h5";
   if (opt && fs::exists(opt_path)) {
     reader r(opt_path.string());
-    auto m1 = r.read_tree("mu", opt->mu, allow_partial);
-    auto m2 = r.read_tree("nu", opt->nu, allow_partial);
-    out.missing.insert(out.missing.end(), m1.begin(), m1.end());
-    out.missing.insert(out.missing.end(), m2.begin(), m2.end());
-    opt->count = r.scalar<std::int64_t>("count");
-    opt->adam_count = r.scalar<std::int64_t>("adam_count");
-    detail::read_window(r, "skip_losses", opt->skip_losses);
-    detail::read_window(r, "skip_grad_norms", opt->skip_grad_norms);
-    detail::read_window(r, "update_norms", opt->update_norms);
+    auto m = opt->load_state(r, allow_partial);
+    out.missing.insert(out.missing.end(), m.begin(), m.end());
     out.had_opt_state = true;
   }
   const fs::path ts_path = info.path / "training_state.h5";

@@ -19,7 +19,8 @@
 #include <vector>
 #include <yaml-cpp/yaml.h>
 
-#include <levanter/config/train_lm_config.hpp>
+#include <levanter/config/yaml.hpp>
+#include <levanter/data/config.hpp>
 #include <levanter/data/cache.hpp>
 #include <levanter/data/mixture.hpp>
 #include <levanter/data/permutation.hpp>

@@ -1,24 +1,28 @@
 // levanter/main/hf_convert.hpp: the `export_lm_to_hf` and `import_hf_to_lm` programs (upstream
-// `levanter.main.export_lm_to_hf` and `levanter.main.export_hf_to_lm`).
+// `levanter.main.export_lm_to_hf` and `levanter.main.export_hf_to_lm`), for any model type with a Hugging Face
+// adapter (compat/hf.hpp).
 //
 //   export_lm_to_hf --checkpoint_path checkpoints/RUN --output_dir hf/RUN [--save_dtype bfloat16]
-//   import_hf_to_lm --hf_checkpoint DIR --output_path checkpoints/imported
+//   import_hf_to_lm --hf_checkpoint DIR --output_path checkpoints/imported [--tokenizer DIR]
 //
 // The export takes the newest complete checkpoint under checkpoint_path (or that checkpoint itself), and the
 // model config from the `model:` section when one is given, else from the config.yaml the checkpoint carries.
-// The import writes a model-only checkpoint (step 0) that `initialize_from_checkpoint_path` starts a run from.
+// config.json records the tokenizer's BOS and EOS ids (the `tokenizer` key, else the checkpoint's
+// data.tokenizer), and with save_tokenizer the tokenizer's files are copied beside the weights. The import
+// writes a model-only checkpoint (step 0) that `initialize_from_checkpoint_path` starts a run from.
 #pragma once
 
-#include <filesystem>
+#include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
-#include <levanter/checkpoint/train_state.hpp>
-#include <levanter/compat/hf_gpt2.hpp>
 #include <levanter/config/cli.hpp>
-#include <levanter/config/train_lm_config.hpp>
-#include <levanter/config/yaml.hpp>
-#include <levanter/data/text.hpp>
+#include <levanter/data/tokenizer.hpp>
+#include <levanter/main/model_loading.hpp>
+#include <levanter/main/programs.hpp>
+#include <levanter/models/registry.hpp>
 
 namespace levanter {
 
@@ -60,8 +64,8 @@ struct levanter::config::schema<levanter::ConvertLmConfig> {
       field("output_dir", &T::output_dir, "directory to write config.json and the safetensors into"),
       field("upload_to_hf", &T::upload_to_hf, "upload to the Hugging Face Hub (not possible here)"),
       field("model", &T::model, "model config; defaults to the one in the checkpoint's config.yaml"),
-      field("save_tokenizer", &T::save_tokenizer, "save tokenizer files (the byte tokenizer has none)"),
-      field("tokenizer", &T::tokenizer, "tokenizer (byte only here)"),
+      field("save_tokenizer", &T::save_tokenizer, "copy the tokenizer's files (tokenizer.json, tokenizer_config.json, special_tokens_map.json) into output_dir"),
+      field("tokenizer", &T::tokenizer, "the tokenizer the model was trained with: a local tokenizer.json (or its directory), byte or passthrough (default: the checkpoint's data.tokenizer)"),
       field("override_vocab_size", &T::override_vocab_size, "must equal the checkpoint's vocabulary when set"),
       field("config_overrides", &T::config_overrides, "extra config.json entries (not supported)"),
       field("use_cpu", &T::use_cpu, "run on the CPU (always the case here)"),
@@ -73,110 +77,95 @@ template <>
 struct levanter::config::schema<levanter::ImportHfConfig> {
   using T = levanter::ImportHfConfig;
   static constexpr auto fields = std::make_tuple(
-      field("hf_checkpoint", &T::hf_checkpoint, "local Hugging Face GPT-2 directory (config.json + safetensors)"),
+      field("hf_checkpoint", &T::hf_checkpoint, "local Hugging Face directory (config.json + safetensors)"),
       field("output_path", &T::output_path, "checkpoint directory to write (model only, step 0)"),
       field("model", &T::model, "model config, used when use_hf_model_config is false"),
       field("use_hf_model_config", &T::use_hf_model_config, "take the architecture from config.json"),
-      field("tokenizer", &T::tokenizer, "tokenizer (unused: the vocabulary size comes from config.json)"),
+      field("tokenizer", &T::tokenizer, "a local tokenizer.json (or its directory) to record as the checkpoint's data.tokenizer; must fit the vocabulary"),
       field("dtype", &T::dtype, "dtype of the stored parameters (float32 only)"),
       field("resize_vocab_to_match_tokenizer", &T::resize_vocab_to_match_tokenizer, "accepted; the vocabulary is kept as in the checkpoint"));
 };
 
+
 namespace levanter {
 
+/// export_lm_to_hf. Returns the directory written.
+std::string run_export_lm_to_hf(const ConvertLmConfig& cfg, const config::source_map& sources, std::ostream& out);
+/// import_hf_to_lm. Returns the checkpoint directory written.
+std::string run_import_hf_to_lm(const ImportHfConfig& cfg, std::ostream& out);
+
+
 namespace detail {
-inline bool set_under(const config::source_map& sources, const std::string& prefix) {
-  auto it = sources.lower_bound(prefix);
-  return it != sources.end() && it->first.compare(0, prefix.size(), prefix) == 0 &&
-         (it->first.size() == prefix.size() || it->first[prefix.size()] == '.');
-}
+
+/// What the export knows before the model type is chosen.
+struct export_job {
+  const ConvertLmConfig* cfg = nullptr;
+  checkpoint::checkpoint_info checkpoint;
+  std::optional<std::string> tokenizer;  ///< the tokenizer spec (ConvertLmConfig.tokenizer or the checkpoint's)
+  hf::token_ids ids;                     ///< its BOS and EOS
+  safetensors::dtype dtype = safetensors::dtype::F32;
+};
+
+/// Copies the tokenizer's files into the export (save_tokenizer); returns the names copied.
+std::vector<std::string> copy_tokenizer_files(const std::string& spec, const std::string& output_dir);
+
+/// What the import writes: the model-only checkpoint with a train_lm config naming the architecture.
+void write_imported_checkpoint(const ImportHfConfig& cfg, std::vector<checkpoint::named_file> files,
+                               std::int64_t vocab, std::int64_t parameters, std::ostream& out);
+
 }  // namespace detail
 
-/// export_lm_to_hf. Returns the directory written.
-inline std::string run_export_lm_to_hf(const ConvertLmConfig& cfg, const config::source_map& sources, std::ostream& out) {
-  namespace fs = std::filesystem;
-  if (cfg.checkpoint_path.empty()) throw config::config_error("checkpoint_path is required");
-  if (cfg.output_dir.empty()) throw config::config_error("output_dir is required");
-  if (cfg.upload_to_hf.set) throw config::config_error("upload_to_hf: uploading to the Hugging Face Hub is not possible here");
-  if (cfg.config_overrides.set) throw config::config_error("config_overrides is not supported");
-  if (cfg.max_shard_size <= 0) throw config::config_error("max_shard_size must be positive");
-  const auto dt = hf::dtype_from_config(cfg.save_dtype);
-
-  std::optional<checkpoint::checkpoint_info> found;
-  const auto d = checkpoint::discover(cfg.checkpoint_path);
-  for (const auto& p : d.problems) out << "export_lm_to_hf: skipping " << p << "\n";
-  for (const auto& c : d.checkpoints) {
-    try {
-      checkpoint::verify_files(c);
-      found = c;
-      break;
-    } catch (const checkpoint::error& e) {
-      out << "export_lm_to_hf: " << e.what() << "; trying an older one\n";
-    }
-  }
-  if (!found) throw checkpoint::error("no complete checkpoint under '" + cfg.checkpoint_path + "'");
-
-  Gpt2Config mc;
-  if (detail::set_under(sources, "model")) {
-    const auto* g = cfg.model.get_if<Gpt2Config>();
-    if (!g) throw config::config_error("model: only type gpt2 can be exported");
-    mc = *g;
+/// export_lm_to_hf with model type M and its config `mc` (instantiated once per built-in model type).
+template <LmModel M>
+std::vector<std::string> export_lm_to_hf_with(const detail::export_job& job, const typename M::config_type& mc,
+                                              std::ostream& out) {
+  if constexpr (hf::HfConvertible<M>) {
+    const auto& cfg = *job.cfg;
+    auto loaded = load_lm_from_checkpoint<M>(job.checkpoint, mc);
+    const std::int64_t vocab = loaded.model.vocab_size();
+    if (cfg.override_vocab_size && *cfg.override_vocab_size != vocab)
+      throw config::config_error("override_vocab_size " + std::to_string(*cfg.override_vocab_size) +
+                                 " differs from the checkpoint's vocabulary of " + std::to_string(vocab) +
+                                 " (resizing is not supported)");
+    auto files = hf::save(loaded.model, mc, vocab, cfg.output_dir, job.ids, job.dtype,
+                          static_cast<std::uint64_t>(cfg.max_shard_size));
+    out << "export_lm_to_hf: " << job.checkpoint.path.string() << " (step " << job.checkpoint.step << ") -> "
+        << cfg.output_dir << " (" << files.size() << " files, " << hf::torch_dtype_name(job.dtype) << ")\n";
+    return files;
   } else {
-    const fs::path saved = found->path / "config.yaml";
-    if (!fs::exists(saved))
-      throw config::config_error("the checkpoint has no config.yaml; give the model section (--model.type gpt2 "
-                                 "--model.hidden_dim ...)");
-    const auto train_cfg = config::decode<TrainLmConfig>(YAML::LoadFile(saved.string()));
-    const auto* g = train_cfg.model.get_if<Gpt2Config>();
-    if (!g) throw config::config_error(saved.string() + ": the model is not a gpt2");
-    mc = *g;
+    throw config::config_error("model type '" + std::string(M::config_type::type_name) +
+                               "' has no Hugging Face adapter, so it cannot be exported");
   }
-  checkpoint::reader r((found->path / "model.h5").string());
-  const auto dims = r.dims("embeddings.token_embeddings.weight");
-  if (dims.size() != 2) throw checkpoint::error("model.h5: embeddings.token_embeddings.weight is not 2-D");
-  const std::int64_t vocab = dims[0];
-  if (cfg.override_vocab_size && *cfg.override_vocab_size != vocab)
-    throw config::config_error("override_vocab_size " + std::to_string(*cfg.override_vocab_size) +
-                               " differs from the checkpoint's vocabulary of " + std::to_string(vocab) +
-                               " (resizing is not supported)");
-  auto model = gpt2::LMHeadModel::init(mc, vocab, haliax::random::make_key(0));
-  r.read_tree("", model);
-  const std::optional<std::int64_t> eos =
-      vocab >= data::byte_tokenizer::vocab_size ? std::optional<std::int64_t>(data::byte_tokenizer::eos_id) : std::nullopt;
-  const auto files = hf::save_gpt2(model, mc, vocab, cfg.output_dir, dt, static_cast<std::uint64_t>(cfg.max_shard_size), eos);
-  out << "export_lm_to_hf: " << found->path.string() << " (step " << found->step << ") -> " << cfg.output_dir << " ("
-      << files.size() << " files, " << hf::torch_dtype_name(dt) << ")\n";
-  return cfg.output_dir;
 }
 
-/// import_hf_to_lm. Returns the checkpoint directory written.
-inline std::string run_import_hf_to_lm(const ImportHfConfig& cfg, std::ostream& out) {
-  if (cfg.hf_checkpoint.empty()) throw config::config_error("hf_checkpoint is required");
-  if (cfg.output_path.empty()) throw config::config_error("output_path is required");
-  if (cfg.dtype && *cfg.dtype != "float32" && *cfg.dtype != "f32" && *cfg.dtype != "fp32")
-    throw config::config_error("dtype '" + *cfg.dtype + "': parameters are stored in float32 here; use dtype: float32");
-  auto d = hf::open_gpt2_dir(cfg.hf_checkpoint, "hf_checkpoint");
-  const auto* g = cfg.model.get_if<Gpt2Config>();
-  if (!g) throw config::config_error("model: only type gpt2 can be imported");
-  Gpt2Config mc = *g;
-  if (cfg.use_hf_model_config)
-    mc = hf::merge_hf_config(mc, d.config, cfg.hf_checkpoint + "/config.json");
-  else
-    hf::check_matches(mc, d.config, "hf_checkpoint '" + cfg.hf_checkpoint + "'");
-  auto model = gpt2::LMHeadModel::init(mc, d.vocab_size, haliax::random::make_key(0));
-  hf::load_gpt2(d, model);
-  // The checkpoint carries a train_lm config whose model section is this architecture, so export_lm_to_hf and
-  // initialize_from_checkpoint_path need nothing else.
-  TrainLmConfig tc;
-  tc.model.value = mc;
-  tc.data.vocab_size = d.vocab_size;
-  auto files = checkpoint::train_state_files<gpt2::LMHeadModel>(model, nullptr, 0, haliax::random::key{}, 0,
-                                                                config::to_yaml_string(tc));
-  const auto bytes = checkpoint::write_checkpoint(cfg.output_path, files, 0, false, std::chrono::system_clock::now(),
-                                                  {{"source", cfg.hf_checkpoint}});
-  out << "import_hf_to_lm: " << cfg.hf_checkpoint << " -> " << cfg.output_path << " (" << bytes / 1000 << " kB, "
-      << haliax::tree::parameter_count(model) << " parameters)\n";
-  return cfg.output_path;
+/// import_hf_to_lm with model type M (instantiated once per built-in model type).
+template <LmModel M>
+void import_hf_to_lm_with(const ImportHfConfig& cfg, const hf::hf_dir& d, const typename M::config_type& given,
+                          std::ostream& out) {
+  if constexpr (hf::HfConvertible<M>) {
+    typename M::config_type mc = given;
+    if (cfg.use_hf_model_config)
+      mc = hf::config_from_hf<M>(mc, d);
+    else
+      hf::check_matches<M>(mc, d, "hf_checkpoint '" + cfg.hf_checkpoint + "'");
+    auto model = M::init(mc, d.vocab_size, haliax::random::make_key(0));
+    hf::load(d, model);
+    ImportHfConfig with_model = cfg;
+    with_model.model.value = mc;
+    auto files = checkpoint::train_state_files<M>(model, nullptr, 0, haliax::random::key{}, 0, "");
+    detail::write_imported_checkpoint(with_model, std::move(files), d.vocab_size, haliax::tree::parameter_count(model), out);
+  } else {
+    throw config::config_error("model type '" + std::string(M::config_type::type_name) +
+                               "' has no Hugging Face adapter, so it cannot be imported");
+  }
 }
 
+}  // namespace levanter
+
+#include <levanter/models/gpt2_hf.hpp>  // the built-in models, with their Hugging Face adapters
+namespace levanter {
+extern template std::vector<std::string> export_lm_to_hf_with<gpt2::LMHeadModel>(const detail::export_job&,
+                                                                                 const Gpt2Config&, std::ostream&);
+extern template void import_hf_to_lm_with<gpt2::LMHeadModel>(const ImportHfConfig&, const hf::hf_dir&,
+                                                             const Gpt2Config&, std::ostream&);
 }  // namespace levanter

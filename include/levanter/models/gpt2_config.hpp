@@ -5,6 +5,10 @@
 
 #include <levanter/config/types.hpp>
 
+namespace levanter::config {
+struct validator;
+}  // namespace levanter::config
+
 namespace levanter {
 
 struct Gpt2Config {
@@ -57,6 +61,9 @@ struct Gpt2Config {
     return L * (mlp + qkv + dense + attn) + 2.0 * E * double(vocab);
   }
 };
+
+/// Adds every problem of `model: {type: gpt2}` to `v` (keys under `model.`).
+void validate(config::validator& v, const Gpt2Config& m);
 
 }  // namespace levanter
 

@@ -6,6 +6,10 @@
 
 #include <levanter/config/types.hpp>
 
+namespace levanter::config {
+struct validator;
+}  // namespace levanter::config
+
 namespace levanter {
 
 struct CosineLrSchedule {
@@ -82,6 +86,9 @@ struct AdamConfig {
 
 /// `optimizer:`; only AdamW is implemented, the other upstream optimizers are refused by name.
 using OptimizerChoice = config::Choice<AdamConfig>;
+
+/// Adds every problem of `optimizer: {type: adam}` to `v` (keys under `optimizer.`).
+void validate(config::validator& v, const AdamConfig& o);
 
 }  // namespace levanter
 

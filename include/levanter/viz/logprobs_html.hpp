@@ -27,6 +27,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include <levanter/io/atomic_file.hpp>
+
 namespace levanter::viz {
 
 /// A page that cannot be written (the message names the file and what to do), or documents that do not fit the
@@ -356,41 +358,16 @@ inline std::string render_logprobs_html(const std::vector<document>& docs, const
   return h;
 }
 
-/// Writes `text` to `path` atomically: a temporary file in the same directory, renamed over `path`, so a reader
-/// (a browser refreshing the page while train_lm rewrites it) sees the old page or the new one, never half of
-/// one. Creates the parent directory. Throws viz_error naming the file.
-inline void write_file_atomic(const std::filesystem::path& path, const std::string& text) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  fs::create_directories(parent, ec);
-  if (ec) throw viz_error("cannot create the directory '" + parent.string() + "' for '" + path.string() + "' (" + ec.message() + ")");
-  const fs::path tmp = parent / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw viz_error("cannot write '" + tmp.string() + "': check that the directory is writable");
-    out << text;
-    out.flush();
-    if (!out) {
-      out.close();
-      fs::remove(tmp, ec);
-      throw viz_error("writing '" + tmp.string() + "' failed (disk full?)");
-    }
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ec2;
-    fs::remove(tmp, ec2);
-    throw viz_error("cannot move '" + tmp.string() + "' to '" + path.string() + "' (" + ec.message() + ")");
-  }
-}
-
-/// Writes the heatmap page of `docs` to `path` (atomically; see write_file_atomic): one <span> per token with its
+/// Writes the heatmap page of `docs` to `path` (atomically: a browser refreshing it sees the old page or the new one): one <span> per token with its
 /// colour, `data-lp` (and `data-cmp`, `data-diff` on diff pages) and a `title` with the token and its values; a
 /// header with the model, step and per-document mean log-prob and perplexity; and a legend.
 inline void write_logprobs_html(const std::filesystem::path& path, const std::vector<document>& docs,
                                 const html_options& o) {
-  write_file_atomic(path, render_logprobs_html(docs, o));
+  try {
+    io::write_file_atomic(path, render_logprobs_html(docs, o), {.create_parent = true});
+  } catch (const io::io_error& e) {
+    throw viz_error(e.what());
+  }
 }
 
 }  // namespace levanter::viz

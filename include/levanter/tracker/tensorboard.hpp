@@ -1,4 +1,4 @@
-// levanter/tensorboard.hpp: TensorBoard event files written without TensorFlow or a protobuf library.
+// levanter/tracker/tensorboard.hpp: TensorBoard event files written without TensorFlow or a protobuf library.
 //
 // An event file is a sequence of TFRecords, each holding one serialized `tensorboard.Event` protobuf
 // (tensorboard/compat/proto/event.proto). A record is

@@ -1,13 +1,13 @@
-// levanter/tracker.hpp: metric trackers as upstream's (`trainer.tracker`): `json_logger` writes one JSON object
+// levanter/tracker/tracker.hpp: metric trackers as upstream's (`trainer.tracker`): `json_logger` writes one JSON object
 // per event (`hparams`, `log`, `summary`, `artifact`, `finish`) with upstream's record layout, to
 // `<run dir>/metrics.jsonl` (upstream sends the same lines to a Python logger); `noop` drops everything. A list
-// of trackers fans out to each. `tensorboard` writes TensorBoard event files (levanter/tensorboard.hpp) to
+// of trackers fans out to each. `tensorboard` writes TensorBoard event files (levanter/tracker/tensorboard.hpp) to
 // `<logdir>/<run id>/`, as upstream's TensorboardTracker does through tensorboardX.
 #pragma once
 
 #include <algorithm>
 #include <fstream>
-#include <levanter/tensorboard.hpp>
+#include <levanter/tracker/tensorboard.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>

@@ -1,0 +1,166 @@
+// levanter/models/lm.hpp: what every language model shares (upstream `models/lm_model.py`): the logical axes,
+// a batch of token sequences (`lm_example`), the options of a forward pass, the next-token loss, and the
+// `LmModel` concept a model type satisfies so that the Trainer, evaluation, the heatmap and the Hugging Face
+// programs work with it unchanged.
+//
+//   static_assert(levanter::LmModel<levanter::gpt2::LMHeadModel>);
+//   auto model = M::init(config, vocab, key);                         // parameters, upstream's init
+//   auto loss = levanter::compute_next_token_loss(model, config, example, z_loss_weight, options);
+//   auto logits = levanter::lm_logits(model, config, tokens, segment_ids);   // {batch, position, vocab}
+//
+// A model is a Boost.Hana struct of parameters (haliax/tree.hpp names its leaves for checkpoints, the optimizer
+// and exports) with a config type; see docs/architecture.md ("Adding a model") for the whole recipe.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+#include <boost/hana/concept/struct.hpp>
+#include <haliax/core.hpp>
+#include <haliax/nn/stacked.hpp>
+#include <haliax/random.hpp>
+
+namespace levanter {
+
+namespace hax = haliax;
+
+// ---- the logical axes of language models (upstream names) ------------------------------------------------
+inline constexpr struct Batch final : hax::axis<"batch"> {
+} Batch;
+inline constexpr struct Pos final : hax::axis<"position"> {
+} Pos;
+inline constexpr struct KeyPos final : hax::axis<"key_position"> {
+} KeyPos;
+inline constexpr struct Embed final : hax::axis<"embed"> {
+} Embed;
+inline constexpr struct Heads final : hax::axis<"heads"> {
+} Heads;
+inline constexpr struct HeadSize final : hax::axis<"head_size"> {
+} HeadSize;
+inline constexpr struct Mlp final : hax::axis<"mlp"> {
+} Mlp;
+inline constexpr struct Vocab final : hax::axis<"vocab"> {
+} Vocab;
+inline constexpr struct Layers final : hax::axis<"layers"> {
+} Layers;
+
+/// Token ids {batch, position} and the per-token int32 arrays that go with them (segment ids).
+using token_batch = hax::named_array<std::int32_t, hax::axes<Batch, Pos>>;
+/// Hidden states {batch, position, embed}: what a model's `activations` returns.
+using lm_hidden = hax::named_array<float, hax::axes<Batch, Pos, Embed>>;
+/// Logits {batch, position, vocab}.
+using lm_logits_array = hax::named_array<float, hax::axes<Batch, Pos, Vocab>>;
+/// A scalar (the loss).
+using scalar = hax::named_array<float, hax::axes<>>;
+
+/// Upstream `LmExample.causal(tokens, ignore_id, eos_id)` for a batch: the tokens, the loss mask (every position
+/// but the last, and not where the next token is `ignore_id`) and segment ids (a new segment starts after each
+/// EOS, so packed documents never attend to each other).
+struct lm_example {
+  token_batch tokens;
+  hax::named_array<bool, hax::axes<Batch, Pos>> loss_mask;
+  token_batch segment_ids;
+
+  static lm_example causal(const token_batch& tokens, std::int64_t eos_id, std::int64_t ignore_id = -100);
+};
+
+/// What a forward pass needs besides the parameters.
+struct forward_options {
+  bool inference = true;     ///< dropout off
+  hax::random::key key{};    ///< dropout key (training)
+  hax::nn::checkpoint_policy checkpointing = hax::nn::checkpoint_policy::none;
+};
+
+/// How the next-token loss is computed (upstream `compute_next_token_loss` arguments).
+struct loss_options {
+  double z_loss_weight = 0.0;                    ///< weight of logsumexp^2 (upstream `logsumexp_weight`)
+  std::optional<int> cross_entropy_block_size;  ///< fused, blocked LM head + cross-entropy over the vocabulary
+};
+
+/// The LM head's weight: {vocab, embed} (a tied embedding table, GPT-2) or {embed, vocab} (a Linear, Llama).
+template <class H>
+concept LmHeadWeight = std::same_as<std::remove_cvref_t<H>, hax::named_array<float, hax::axes<Vocab, Embed>>> ||
+                       std::same_as<std::remove_cvref_t<H>, hax::named_array<float, hax::axes<Embed, Vocab>>>;
+
+/// Upstream `compute_next_token_loss` on hidden states (mean over the kept tokens): targets are the tokens rolled
+/// by one, the loss mask drops the last position (and ignored ids), optional z-loss, and the fused blockwise
+/// cross-entropy when `cross_entropy_block_size` is set. Compiled once (src/models/lm.cpp) for both head layouts.
+template <LmHeadWeight H>
+scalar next_token_loss(const lm_hidden& h, const H& lm_head, const lm_example& ex, const loss_options& o = {});
+extern template scalar next_token_loss(const lm_hidden&, const hax::named_array<float, hax::axes<Vocab, Embed>>&,
+                                       const lm_example&, const loss_options&);
+extern template scalar next_token_loss(const lm_hidden&, const hax::named_array<float, hax::axes<Embed, Vocab>>&,
+                                       const lm_example&, const loss_options&);
+
+/// Logits {batch, position, vocab} of hidden states against the LM head.
+lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Vocab, Embed>>& lm_head);
+lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Embed, Vocab>>& lm_head);
+
+// ---- the model interface --------------------------------------------------------------------------------------
+
+/// A model config (a `model:` choice class): its `type:` name, the context length, and upstream's FLOP and
+/// parameter counts (MFU and the start-of-run line use them).
+template <class C>
+concept LmConfig = requires(const C& c, std::int64_t vocab) {
+  { C::type_name } -> std::convertible_to<std::string_view>;
+  { c.seq_len } -> std::convertible_to<std::int64_t>;
+  { c.flops_per_token(vocab) } -> std::convertible_to<double>;
+  { c.parameter_count(vocab) } -> std::convertible_to<std::int64_t>;
+};
+
+/// A language model: a reflected struct of parameters with a config type, upstream's init from a PRNG key, the
+/// hidden states after the last norm (`activations`), and the LM head those are projected with.
+template <class M>
+concept LmModel = LmConfig<typename M::config_type> && boost::hana::Struct<M>::value &&
+                  requires(const M& m, const typename M::config_type& c, const token_batch& tokens,
+                           const forward_options& o, hax::random::key k, std::int64_t vocab) {
+  { M::init(c, vocab, k) } -> std::same_as<M>;
+  { m.activations(c, tokens, tokens, o) } -> std::same_as<lm_hidden>;
+  { m.lm_head() } -> LmHeadWeight;
+  { m.vocab_size() } -> std::convertible_to<std::int64_t>;
+};
+
+/// The model type of a config type: specialise `model_of<Config>` with `using type = Model;` next to the model.
+template <class C>
+struct model_of;
+template <class C>
+using model_of_t = typename model_of<C>::type;
+
+/// `model.cross_entropy_block_size` when the config has that key, else none.
+template <class C>
+std::optional<int> cross_entropy_block_size_of(const C& c) {
+  if constexpr (requires { c.cross_entropy_block_size; })
+    return c.cross_entropy_block_size ? std::optional<int>(static_cast<int>(*c.cross_entropy_block_size))
+                                      : std::nullopt;
+  else
+    return std::nullopt;
+}
+
+/// What backward keeps (upstream `gradient_checkpointing: true` recomputes each layer) for configs that say.
+template <class C>
+hax::nn::checkpoint_policy checkpoint_policy_of(const C& c) {
+  if constexpr (requires { c.gradient_checkpointing; })
+    return c.gradient_checkpointing ? hax::nn::checkpoint_policy::per_layer : hax::nn::checkpoint_policy::none;
+  else
+    return hax::nn::checkpoint_policy::none;
+}
+
+/// The next-token loss of `m` on `ex` (upstream `compute_next_token_loss(model, example)`).
+template <LmModel M>
+scalar compute_next_token_loss(const M& m, const typename M::config_type& c, const lm_example& ex,
+                               double z_loss_weight = 0.0, const forward_options& o = {}) {
+  return next_token_loss(m.activations(c, ex.tokens, ex.segment_ids, o), m.lm_head(), ex,
+                         loss_options{z_loss_weight, cross_entropy_block_size_of(c)});
+}
+
+/// Logits {batch, position, vocab} (upstream `LmHeadModel.__call__`).
+template <LmModel M>
+lm_logits_array lm_logits(const M& m, const typename M::config_type& c, const token_batch& tokens,
+                          const token_batch& segment_ids, const forward_options& o = {}) {
+  return lm_head_logits(m.activations(c, tokens, segment_ids, o), m.lm_head());
+}
+
+}  // namespace levanter

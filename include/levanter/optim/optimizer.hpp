@@ -1,0 +1,124 @@
+// levanter/optim/optimizer.hpp: what the Trainer needs of an optimizer, whatever its kind: one update of the
+// parameters from their gradients, and its state as a checkpoint stores it. `make_optimizer` turns the
+// `optimizer:` choice (optim/config.hpp) into one; each kind keeps its own state (upstream's optax state).
+//
+//   auto opt = levanter::optim::make_optimizer(cfg.optimizer, cfg.trainer.num_train_steps, model);
+//   auto stats = opt->update(model, grads, loss);        // model updated in place
+//   opt->save_state(snapshot);                           // opt_state.h5
+//
+// Adding an optimizer: its config to OptimizerChoice, a class implementing `optimizer<M>`, and a branch in
+// make_optimizer (docs/architecture.md, "Adding an optimizer").
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <levanter/checkpoint/h5.hpp>
+#include <levanter/optim/adamw.hpp>
+#include <levanter/optim/config.hpp>
+
+namespace levanter::optim {
+
+/// An optimizer with its state, for parameter trees of type `M`.
+template <class M>
+class optimizer {
+ public:
+  virtual ~optimizer() = default;
+  /// The `optimizer.type` it was built from.
+  virtual std::string_view type_name() const = 0;
+  /// One step: `params` updated in place from `grads`; `loss` is for optimizers that look at it (skip_bad_steps).
+  virtual update_stats update(M& params, const M& grads, double loss) = 0;
+  /// The learning rate of the next update (for messages).
+  virtual double next_learning_rate() const = 0;
+  /// Adds the state to the snapshot that becomes `opt_state.h5`.
+  virtual void save_state(checkpoint::snapshot& s) const = 0;
+  /// Loads the state written by save_state; returns the leaves kept at their initial values (allow_partial).
+  /// Throws checkpoint::error when the file does not match.
+  virtual std::vector<std::string> load_state(const checkpoint::reader& r, bool allow_partial) = 0;
+  /// Each piece of state shaped like the parameters, by name (`mu`, `nu`): what `trainer.watch` calls opt_state.
+  virtual void for_each_state_tree(const std::function<void(const std::string&, const M&)>& f) const = 0;
+};
+
+namespace detail {
+inline void add_window(checkpoint::snapshot& s, const std::string& name, const rolling_window& w) {
+  s.add_vector(name + ".values", w.values);
+  std::vector<std::uint8_t> valid(w.valid.begin(), w.valid.end());
+  s.add_vector(name + ".valid", valid);
+  s.add_scalar(name + ".index", static_cast<std::int64_t>(w.index));
+  s.add_scalar(name + ".count", static_cast<std::int64_t>(w.count));
+}
+inline void read_window(const checkpoint::reader& r, const std::string& name, rolling_window& w) {
+  auto values = r.vector<float>(name + ".values");
+  if (values.size() != w.values.size())
+    throw checkpoint::error("'" + name + "' in '" + r.path() + "' holds " + std::to_string(values.size()) +
+                            " entries but the optimizer config asks for " + std::to_string(w.values.size()) +
+                            " (was skip_bad_steps or clip_update_norm changed?)");
+  w.values = std::move(values);
+  const auto valid = r.vector<std::uint8_t>(name + ".valid");
+  w.valid.assign(valid.begin(), valid.end());
+  w.index = r.scalar<std::int64_t>(name + ".index");
+  w.count = r.scalar<std::int64_t>(name + ".count");
+}
+}  // namespace detail
+
+/// `optimizer: {type: adam}`: AdamW (optim/adamw.hpp) and its state. opt_state.h5 holds `mu.<path>`, `nu.<path>`,
+/// `count`, `adam_count` and the skip/clip history windows.
+template <class M>
+class adamw_optimizer final : public optimizer<M> {
+ public:
+  adamw_optimizer(const AdamConfig& cfg, std::int64_t num_train_steps, const M& params)
+      : opt_(cfg, num_train_steps), state_(opt_.init(params)) {}
+
+  std::string_view type_name() const override { return AdamConfig::type_name; }
+  update_stats update(M& params, const M& grads, double loss) override {
+    return opt_.update(params, grads, state_, loss);
+  }
+  double next_learning_rate() const override { return opt_.schedule()(state_.count); }
+  void save_state(checkpoint::snapshot& s) const override {
+    s.add_tree("mu", state_.mu);
+    s.add_tree("nu", state_.nu);
+    s.add_scalar("count", static_cast<std::int64_t>(state_.count));
+    s.add_scalar("adam_count", static_cast<std::int64_t>(state_.adam_count));
+    detail::add_window(s, "skip_losses", state_.skip_losses);
+    detail::add_window(s, "skip_grad_norms", state_.skip_grad_norms);
+    detail::add_window(s, "update_norms", state_.update_norms);
+  }
+  std::vector<std::string> load_state(const checkpoint::reader& r, bool allow_partial) override {
+    auto missing = r.read_tree("mu", state_.mu, allow_partial);
+    auto m2 = r.read_tree("nu", state_.nu, allow_partial);
+    missing.insert(missing.end(), m2.begin(), m2.end());
+    state_.count = r.scalar<std::int64_t>("count");
+    state_.adam_count = r.scalar<std::int64_t>("adam_count");
+    detail::read_window(r, "skip_losses", state_.skip_losses);
+    detail::read_window(r, "skip_grad_norms", state_.skip_grad_norms);
+    detail::read_window(r, "update_norms", state_.update_norms);
+    return missing;
+  }
+  void for_each_state_tree(const std::function<void(const std::string&, const M&)>& f) const override {
+    f("mu", state_.mu);
+    f("nu", state_.nu);
+  }
+
+  const adamw& rule() const { return opt_; }
+  const adamw_state<M>& state() const { return state_; }
+
+ private:
+  adamw opt_;
+  adamw_state<M> state_;
+};
+
+/// The optimizer the `optimizer:` section asks for, with fresh state shaped like `params`. Throws
+/// std::invalid_argument naming the key for settings the optimizer refuses.
+template <class M>
+std::unique_ptr<optimizer<M>> make_optimizer(const OptimizerChoice& choice, std::int64_t num_train_steps,
+                                             const M& params) {
+  if (const auto* adam = choice.get_if<AdamConfig>())
+    return std::make_unique<adamw_optimizer<M>>(*adam, num_train_steps, params);
+  throw std::invalid_argument("optimizer.type '" + std::string(choice.type_name()) + "' is not supported");
+}
+
+}  // namespace levanter::optim

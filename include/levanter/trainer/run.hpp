@@ -1,0 +1,104 @@
+// levanter/trainer/run.hpp: what a training run is made of besides the model (upstream's Trainer without the
+// step): the run id and directory, the trackers, the log, the batch schedule's data offsets, NaN/Inf checks,
+// throughput and MFU, and the progress line. Compiled once (src/trainer/run.cpp).
+//
+// Run directory `<trainer.log_dir>/<run id>/`: `config.yaml` (the resolved config), `metrics.jsonl` (json_logger
+// records), `<program>.log` (every line the run prints), and whatever the program adds (run_metadata.json,
+// summary.json, profile.txt, logprobs.html).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+
+#include <levanter/config/types.hpp>
+#include <levanter/tracker/tracker.hpp>
+#include <levanter/trainer/config.hpp>
+
+namespace levanter {
+
+/// A run stopped by a condition the user asked for (crash_on_nan / crash_on_inf) or by bad inputs.
+struct training_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Upstream's run id: `trainer.id`, else $RUN_ID, else 8 random characters of [a-z0-9].
+std::string resolve_run_id(const std::optional<std::string>& configured);
+
+/// Global example offset of `step` under a batch-size schedule (upstream BatchSchedule.global_data_offset_by_step).
+std::int64_t data_offset_at(const config::IntSchedule& batch_sizes, std::int64_t step);
+
+/// Stops the run when `value` is NaN or infinite and the config says to (upstream crash_on_nan/crash_on_inf).
+void check_finite(double value, const char* metric, std::int64_t step, bool crash_on_nan, bool crash_on_inf);
+
+/// The OpenBLAS kernel family in use (e.g. "Haswell", "SkylakeX").
+std::string openblas_core();
+
+/// The GEMM rate this process reaches through haliax's deterministic tiled GEMM on a square f32 problem (FLOP/s):
+/// the denominator of the MFU we report. Takes about a quarter of a second.
+double measure_gemm_peak(std::int64_t n = 1024, int reps = 3);
+
+/// "1h02m", "3m05s", "42s".
+std::string human_duration(double seconds);
+
+/// Throughput bookkeeping over a run (upstream `log_performance_stats`): tokens/s, model FLOP/s and MFU.
+struct throughput_meter {
+  double flops_per_token = 0;  ///< training FLOPs per token (forward + backward)
+  double peak_flops = 0;       ///< the machine's measured GEMM rate
+  std::int64_t total_tokens = 0;
+  double total_seconds = 0;
+  /// The `throughput/*` metrics of one step.
+  json on_step(std::int64_t tokens, std::int64_t examples, double seconds);
+};
+
+/// The progress line printed every few steps: step, loss, learning rate, tokens/s, MFU, ETA.
+std::string progress_line(std::int64_t step, std::int64_t total, double loss, double lr, double tokens_per_s,
+                          double mfu, double eta_s);
+
+/// A resolved YAML config as JSON, for the trackers' hyperparameters (scalars that read as numbers or booleans
+/// become numbers or booleans).
+json config_to_json(const std::string& yaml_text);
+
+/// The trackers `trainer.tracker` asks for, writing under `run_dir` (json_logger) or `<logdir>/<run id>`.
+std::unique_ptr<tracker> make_tracker(const config::OneOrMany<TrackerChoice>& choices,
+                                      const std::filesystem::path& run_dir);
+
+/// A run: its id, its directory, its trackers and its log. Creating one resolves the id, creates
+/// `<log_dir>/<id>/`, writes the resolved config there and opens the trackers.
+class run_context {
+ public:
+  run_context(const TrainerConfig& t, std::string resolved_yaml, std::ostream& out, const std::string& program);
+  run_context(const run_context&) = delete;
+  run_context& operator=(const run_context&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  const std::string& resolved_yaml() const { return yaml_; }
+  const std::string& program() const { return program_; }
+  /// Whether the id was chosen by the user (trainer.id or $RUN_ID), so a restart finds this run again.
+  bool id_given() const { return id_given_; }
+  levanter::tracker& tracker() { return *trk_; }
+  /// Prints a line to the program's output and its log file (thread-safe: the checkpointer reports from its own
+  /// thread).
+  void say(const std::string& line);
+  /// `say` with "<program>: " in front, as a callable for subsystems that log.
+  std::function<void(const std::string&)> logger();
+
+ private:
+  std::string id_, yaml_, program_;
+  bool id_given_ = false;
+  std::filesystem::path dir_;
+  std::unique_ptr<levanter::tracker> trk_;
+  std::ostream& out_;
+  std::ofstream log_file_;
+  std::mutex mu_;
+};
+
+}  // namespace levanter

@@ -1,0 +1,85 @@
+// data/config.hpp: checks of the `data:` section.
+#include <levanter/data/config.hpp>
+
+#include <filesystem>
+
+#include <levanter/config/validate.hpp>
+
+namespace levanter {
+
+using config::check_remote;
+using config::detail::join_index;
+using config::url_scheme;
+
+void validate(config::validator& v, const LmDataConfig& d) {
+  if (d.id)
+    v.refuse("data.id", "Hugging Face datasets ('" + *d.id + "') are not supported (no network here)",
+             "convert the dataset to local .jsonl files and list them in data.train_urls / data.validation_urls");
+  const std::pair<const char*, const std::vector<std::string>*> url_lists[] = {
+      {"data.train_urls", &d.train_urls}, {"data.validation_urls", &d.validation_urls}};
+  for (const auto& [name, list] : url_lists)
+    for (std::size_t i = 0; i < list->size(); ++i)
+      check_remote(v, join_index(name, i), (*list)[i], "path (globs and {a..b} ranges work)");
+  check_remote(v, "data.cache_dir", d.cache_dir, "cache directory");
+
+  // Mixtures: configs + train_weights (checked in full when the data is built: names, weights, stages).
+  if (d.train_weights.set && !d.configs.set)
+    v.error("data.train_weights", "mixture weights need data.configs (a map of dataset name -> sources)");
+  if (d.configs.set && (!d.train_urls.empty() || !d.validation_urls.empty()))
+    v.error("data.configs", "give either data.configs (a mixture) or data.train_urls/validation_urls (one dataset), "
+                            "not both");
+  if (d.stop_strategy && *d.stop_strategy != "restart")
+    v.refuse("data.stop_strategy", "stop_strategy '" + *d.stop_strategy + "' is not implemented (upstream implements "
+             "only restart either)", "use stop_strategy: restart");
+  if (d.mixture_block_size && (*d.mixture_block_size <= 0 || *d.mixture_block_size >= 65536))
+    v.error("data.mixture_block_size", "must be in [1, 65535] (got " + std::to_string(*d.mixture_block_size) + ")");
+  const std::pair<const char*, bool> unsupported[] = {{"target_budget", d.target_budget.set},
+                                                      {"experiment_budget", d.experiment_budget.set},
+                                                      {"max_train_batches", d.max_train_batches.has_value()},
+                                                      {"num_validation_sequences", d.num_validation_sequences.has_value()}};
+  for (const auto& [k, on] : unsupported)
+    if (on)
+      v.refuse(std::string("data.") + k, std::string("data.") + k + " (simulated epoching / caps) is not supported yet",
+               std::string("remove data.") + k);
+  if (d.bad_documents != "stop" && d.bad_documents != "skip")
+    v.error("data.bad_documents", "unknown policy '" + d.bad_documents + "': use stop or skip");
+  if (d.cache_options.target_size_bytes() <= 0)
+    v.error("data.cache_options.target_size_per_flush", "'" + d.cache_options.target_size_per_flush +
+                                                            "' is not a size (e.g. 512MB)");
+  if (d.cache_options.batch_size <= 0) v.error("data.cache_options.batch_size", "must be positive");
+  if (d.cache_options.num_threads < 0) v.error("data.cache_options.num_threads", "must be >= 0 (0: one per core)");
+  if (d.format.set) {
+    YAML::Node f = YAML::Load(d.format.yaml);
+    std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
+    bool ok = type == "text";
+    if (ok && f.IsMap())
+      for (auto it = f.begin(); it != f.end(); ++it)
+        if (it->first.Scalar() != "type" && it->first.Scalar() != "text_key") ok = false;
+    if (!ok)
+      v.refuse("data.format", "format '" + type + "' is not supported yet (only plain text documents)",
+               "use format: {type: text, text_key: text}, or leave data.format out", d.format.where);
+  }
+  const std::string& t = d.tokenizer;
+  const bool local_json = t.size() > 5 && t.substr(t.size() - 5) == ".json";
+  const bool local_dir = std::filesystem::is_directory(t) && std::filesystem::exists(std::filesystem::path(t) / "tokenizer.json");
+  if (t == "passthrough") {
+    if (!d.vocab_size || *d.vocab_size <= 0)
+      v.error("data.vocab_size", "the passthrough tokenizer needs a positive vocab_size; set data.vocab_size");
+  } else if (t != "byte" && !local_json && !local_dir) {
+    check_remote(v, "data.tokenizer", t, "tokenizer.json path");
+    if (url_scheme(t).empty())
+      v.refuse("data.tokenizer", "tokenizer '" + t + "' is a Hugging Face hub name and Hugging Face hub tokenizers "
+               "need a download (not supported: no network here)",
+               "pass a local tokenizer.json path, or use tokenizer: byte");
+  }
+  if (d.permutation_type && *d.permutation_type != "linear" && *d.permutation_type != "feistel")
+    v.error("data.permutation_type", "unknown permutation_type '" + *d.permutation_type + "'; use linear or feistel");
+  if (auto* era = std::get_if<int64_t>(&d.shuffle); era && *era <= 0)
+    v.error("data.shuffle", "an era length must be positive (got " + std::to_string(*era) +
+                                "); use true for a full shuffle or false for none");
+  if (d.shuffle_buffer_size) v.note("data.shuffle_buffer_size", "ignored (shuffling is by permutation)");
+  if (d.chat_template) v.note("data.chat_template", "ignored (chat formats are not supported yet)");
+  if (!d.id && d.name) v.note("data.name", "ignored (it names a Hugging Face dataset configuration)");
+}
+
+}  // namespace levanter

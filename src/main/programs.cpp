@@ -1,0 +1,78 @@
+// levanter/main/programs.hpp.
+#include <levanter/main/programs.hpp>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include <levanter/checkpoint/checkpointer.hpp>
+#include <levanter/compat/hf.hpp>
+#include <levanter/config/yaml.hpp>
+#include <levanter/data/error.hpp>
+#include <levanter/io/atomic_file.hpp>
+#include <levanter/trainer/run.hpp>
+#include <levanter/viz/logprobs_html.hpp>
+
+namespace levanter {
+
+namespace {
+bool cpu_has_avx512() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+void maybe_relaunch_for_openblas(char** argv, std::string_view program) {
+  if (std::getenv("LEVANTER_KEEP_OPENBLAS_CORE") || std::getenv("LEVANTER_RELAUNCHED")) return;
+  const std::string core = openblas_core();
+  if (!cpu_has_avx512() || (core != "Haswell" && core != "Zen" && core != "Sandybridge")) return;
+  ::setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+  ::setenv("LEVANTER_RELAUNCHED", "1", 1);
+  std::cerr << program << ": the CPU has AVX-512 but OpenBLAS runs its " << core
+            << " kernels; re-launching with OPENBLAS_CORETYPE=SkylakeX (LEVANTER_KEEP_OPENBLAS_CORE=1 keeps " << core
+            << ")" << std::endl;
+  ::execv("/proc/self/exe", argv);
+  std::cerr << program << ": re-launch failed (" << std::strerror(errno) << "); continuing with " << core << std::endl;
+}
+
+int run_program(std::string_view program, const std::function<int()>& body) {
+  const std::string p(program);
+  try {
+    return body();
+  } catch (const config::config_error& e) {
+    std::cerr << p << ": config error: " << e.what() << "\n";
+    return 2;
+  } catch (const data::data_error& e) {
+    std::cerr << p << ": data error: " << e.what() << "\n";
+    return 3;
+  } catch (const training_error& e) {
+    std::cerr << p << ": stopped: " << e.what() << "\n";
+    return 4;
+  } catch (const checkpoint::error& e) {
+    std::cerr << p << ": checkpoint error: " << e.what() << "\n";
+    return 5;
+  } catch (const hf::error& e) {
+    std::cerr << p << ": Hugging Face checkpoint error: " << e.what() << "\n";
+    return 5;
+  } catch (const io::io_error& e) {
+    std::cerr << p << ": cannot write: " << e.what() << "\n";
+    return 5;
+  } catch (const viz::viz_error& e) {
+    std::cerr << p << ": " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << p << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace levanter

@@ -1,0 +1,134 @@
+// levanter/main/train_lm.hpp: the train_lm program's driver, its config checks and its model-independent helpers.
+#include <levanter/main/train_lm.hpp>
+
+#include <iostream>
+
+#include <levanter/main/programs.hpp>
+
+namespace levanter {
+
+namespace config {
+template TrainLmConfig decode<TrainLmConfig>(const YAML::Node&, const std::string&, const source_map&,
+                                             const std::string&);
+template YAML::Node encode<TrainLmConfig>(const TrainLmConfig&);
+template std::string to_yaml_string<TrainLmConfig>(const TrainLmConfig&);
+template std::string help_text<TrainLmConfig>(const std::string&, const TrainLmConfig&);
+template command_line<TrainLmConfig> parse_command_line<TrainLmConfig>(int, const char* const*, const std::string&,
+                                                                       const std::string&);
+}  // namespace config
+
+config::validation_result validate_train_lm(const TrainLmConfig& cfg, const config::source_map& sources) {
+  config::validator v{sources, {}};
+  validate(v, cfg.data);
+  if (cfg.viz.every < 0) v.error("viz.every", "must be >= 0 (0 turns the heatmap off)");
+  if (cfg.viz.every > 0 && cfg.viz.num_docs <= 0) v.error("viz.num_docs", "must be positive");
+  validate(v, cfg.trainer);
+  std::visit([&](const auto& m) { validate(v, m); }, cfg.model.value);
+  std::visit([&](const auto& o) { validate(v, o); }, cfg.optimizer.value);
+
+  if (auto* b = std::get_if<bool>(&cfg.initialize_from_hf); b && *b)
+    v.refuse("initialize_from_hf", "initialize_from_hf: true downloads the model's reference checkpoint from the "
+             "Hugging Face Hub, which is not reachable here",
+             "download it (huggingface-cli download gpt2 --local-dir DIR) and set initialize_from_hf: DIR");
+  if (auto* s = std::get_if<std::string>(&cfg.initialize_from_hf))
+    config::check_remote(v, "initialize_from_hf", *s, "directory");
+  if (cfg.use_hf_model_config && !std::holds_alternative<std::string>(cfg.initialize_from_hf))
+    v.error("use_hf_model_config", "takes the model config from initialize_from_hf, which is not set to a directory");
+  if (cfg.hf_save_path) check_remote(v, "hf_save_path", *cfg.hf_save_path, "directory");
+  if (cfg.hf_save_steps <= 0) v.error("hf_save_steps", "must be positive");
+  if (cfg.hf_save_dtype && *cfg.hf_save_dtype != "float32" && *cfg.hf_save_dtype != "bfloat16" &&
+      *cfg.hf_save_dtype != "float16" && *cfg.hf_save_dtype != "f32" && *cfg.hf_save_dtype != "bf16" &&
+      *cfg.hf_save_dtype != "f16" && *cfg.hf_save_dtype != "fp32" && *cfg.hf_save_dtype != "fp16")
+    v.error("hf_save_dtype", "unknown dtype '" + *cfg.hf_save_dtype + "': use float32, bfloat16 or float16");
+  if (cfg.hf_upload.set)
+    v.refuse("hf_upload", "uploading to the Hugging Face hub is not supported (no network here)", "remove hf_upload",
+             cfg.hf_upload.where);
+  if (cfg.eval_harness.set)
+    v.refuse("eval_harness", "lm-eval-harness evaluation is not supported", "remove eval_harness",
+             cfg.eval_harness.where);
+  if (cfg.log_entropy) v.refuse("log_entropy", "entropy histograms are not supported yet", "set log_entropy: false");
+  if (cfg.initialize_from_checkpoint_path)
+    config::check_remote(v, "initialize_from_checkpoint_path", *cfg.initialize_from_checkpoint_path, "directory");
+  if (cfg.epoch > 0)
+    v.refuse("epoch", "epoch-bounded training (epoch " + std::to_string(cfg.epoch) + ") is not supported yet",
+             "use epoch: 0 and bound the run with trainer.num_train_steps");
+  if (cfg.epoch < 0) v.error("epoch", "must be >= 0 (0: unbounded)");
+  if (!(cfg.z_loss_weight >= 0)) v.error("z_loss_weight", "must be >= 0");
+  if (cfg.hf_save_dtype && !cfg.hf_save_path) v.note("hf_save_dtype", "ignored (no hf_save_path)");
+  return v.result;
+}
+
+namespace detail {
+
+viz::token_text_fn token_text_of(const data::tokenizer& tok) {
+  if (tok.name() == "byte") return viz::byte_token_text;
+  if (tok.name() == "passthrough") return [](std::int32_t id) { return std::to_string(id) + " "; };
+  return [&tok](std::int32_t id) {
+    auto s = tok.token_text(id);
+    return s.empty() ? "<|" + std::to_string(id) + "|>" : s;
+  };
+}
+
+std::vector<std::vector<std::int32_t>> train_viz_documents(const data::lm_data& data, const TrainVizConfig& v,
+                                                           std::int64_t seq_len) {
+  if (data.validation_sets().empty())
+    throw config::config_error("viz.every is set but there is no validation data to show (data.validation_urls)");
+  const auto& w = *data.validation_sets().front().windows;
+  const std::int64_t n = w.final_size();
+  const std::int64_t k = std::min<std::int64_t>(v.num_docs, n);
+  std::optional<data::example_order> order;
+  if (v.data_seed)
+    order.emplace(data::example_order::full(data::permutation_kind::feistel, static_cast<std::uint64_t>(n),
+                                            haliax::random::make_key(static_cast<std::uint64_t>(*v.data_seed))));
+  std::vector<std::vector<std::int32_t>> docs;
+  for (std::int64_t i = 0; i < k; ++i) {
+    std::vector<std::int32_t> doc(static_cast<std::size_t>(seq_len));
+    w.window(order ? static_cast<std::int64_t>((*order)(static_cast<std::uint64_t>(i))) : i, doc.data());
+    docs.push_back(std::move(doc));
+  }
+  return docs;
+}
+
+lm_example training_batch(const data::lm_data& data, std::int64_t first, std::int64_t count, std::int64_t seq_len,
+                          std::int64_t eos, std::int64_t ignore_id) {
+  const auto host = data.examples(first, count);  // waits only if the cache has not reached these windows
+  return lm_example::causal(haliax::from_host<std::int32_t>(host, count * Batch, seq_len * Pos), eos, ignore_id);
+}
+
+std::string describe_run(std::string_view model_type, std::int64_t parameters, std::int64_t vocab,
+                         const data::lm_data& data, std::int64_t seq_len) {
+  return std::string(model_type) + " " + std::to_string(parameters) + " parameters, vocab " + std::to_string(vocab) +
+         " (tokenizer " + data.tok().name() + "), sequences of " + std::to_string(seq_len) + " tokens" +
+         (data.is_mixture() ? ", a mixture of " + std::to_string(data.specs().size()) + " datasets" : "") + ", " +
+         std::to_string(data.validation_sets().size()) + " validation set(s)";
+}
+
+}  // namespace detail
+
+int train_lm_main(int argc, char** argv, const char* default_yaml, const char* default_name) {
+  return run_program("train_lm", [&] {
+    auto parsed = config::parse_command_line<TrainLmConfig>(argc, argv, default_yaml, default_name);
+    if (parsed.help) {
+      std::cout << config::help_text<TrainLmConfig>("train_lm");
+      return 0;
+    }
+    const auto checked = validate_train_lm(parsed.config, parsed.sources);
+    for (const auto& n : checked.notes) std::cerr << "train_lm: note: " << n << "\n";
+    if (!checked.errors.empty()) {
+      std::cerr << "train_lm: the config cannot be used as it is (" << parsed.config_path << "):\n";
+      for (const auto& e : checked.errors) std::cerr << "  - " << e << "\n";
+      return 2;
+    }
+    if (parsed.dry_run) {
+      std::cout << parsed.resolved_yaml;
+      std::cerr << "train_lm: config resolved and valid (--dry_run: not training)\n";
+      return 0;
+    }
+    with_model(parsed.config.model, [&]<class M>(std::type_identity<M>, const typename M::config_type& mc) {
+      run_train_lm<M>(parsed.config, mc, parsed.resolved_yaml, std::cout);
+    });
+    return 0;
+  });
+}
+
+}  // namespace levanter

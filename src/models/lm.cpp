@@ -1,0 +1,51 @@
+// What every language model shares (levanter/models/lm.hpp): examples, the next-token loss and the LM head's
+// logits, compiled once for both head layouts.
+#include <vector>
+
+#include <haliax/haliax.hpp>
+#include <levanter/models/lm.hpp>
+
+namespace levanter {
+
+lm_example lm_example::causal(const token_batch& tokens, std::int64_t eos_id, std::int64_t ignore_id) {
+  const auto B = tokens.size(Batch), P = tokens.size(Pos);
+  auto host = tokens.to_host();
+  std::vector<std::int32_t> seg(host.size());
+  std::vector<bool> keep(host.size());
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::int32_t s = 0;
+    for (std::int64_t p = 0; p < P; ++p) {
+      const auto i = static_cast<std::size_t>(b * P + p);
+      if (p > 0 && host[i - 1] == eos_id) ++s;
+      seg[i] = s;
+      keep[i] = p + 1 < P && host[i + 1] != ignore_id;
+    }
+  }
+  return {tokens, hax::from_host(keep, B * Batch, P * Pos), hax::from_host<std::int32_t>(seg, B * Batch, P * Pos)};
+}
+
+template <LmHeadWeight H>
+scalar next_token_loss(const lm_hidden& h, const H& lm_head, const lm_example& ex, const loss_options& o) {
+  namespace nn = haliax::nn;
+  auto targets = hax::roll(ex.tokens, -1, Pos);
+  const hax::where_mask keep{ex.loss_mask};
+  if (o.cross_entropy_block_size)
+    return nn::blockwise_cross_entropy_loss(h, lm_head, Embed, Vocab, targets, keep, *o.cross_entropy_block_size,
+                                            nn::reduce_mean, o.z_loss_weight);
+  auto logits = hax::dot(h, lm_head, Embed);
+  return nn::cross_entropy_loss(logits, Vocab, targets, keep, nn::reduce_mean, o.z_loss_weight);
+}
+
+template scalar next_token_loss(const lm_hidden&, const hax::named_array<float, hax::axes<Vocab, Embed>>&,
+                                const lm_example&, const loss_options&);
+template scalar next_token_loss(const lm_hidden&, const hax::named_array<float, hax::axes<Embed, Vocab>>&,
+                                const lm_example&, const loss_options&);
+
+lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Vocab, Embed>>& lm_head) {
+  return hax::rearrange<hax::axes<Batch, Pos, Vocab>>(hax::dot(h, lm_head, Embed));
+}
+lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Embed, Vocab>>& lm_head) {
+  return hax::rearrange<hax::axes<Batch, Pos, Vocab>>(hax::dot(h, lm_head, Embed));
+}
+
+}  // namespace levanter

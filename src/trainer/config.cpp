@@ -1,0 +1,131 @@
+// trainer/config.hpp: checks of the `trainer:` section (with its checkpointer and trackers).
+#include <levanter/trainer/config.hpp>
+
+#include <levanter/config/validate.hpp>
+
+namespace levanter {
+
+using config::check_remote;
+using config::detail::join_index;
+
+static void check_dtype(config::validator& v, const config::MpPolicy& mp) {
+  using config::dtype;
+  auto bad = [](dtype d) { return d == dtype::f16 || d == dtype::f64; };
+  if (bad(mp.param) || bad(mp.compute) || bad(mp.output))
+    v.refuse("trainer.mp", "float16 and float64 policies are not supported (float16 needs loss scaling)",
+             "use f32, bfloat16, or p=f32,c=bfloat16");
+  else if (mp.param == dtype::bf16 || mp.compute == dtype::bf16 || mp.output == dtype::bf16)
+    v.note("trainer.mp", "bfloat16 compute is not implemented on this backend yet: the run computes in f32 (its "
+                         "losses will differ slightly from an upstream bfloat16 run)");
+}
+
+void validate(config::validator& v, const TrainerConfig& t) {
+  check_dtype(v, t.mp);
+  for (std::size_t i = 0; i < t.tracker.items.size(); ++i) {
+    const std::string key = t.tracker.is_list ? join_index("trainer.tracker", i) : "trainer.tracker";
+    const auto& tr = t.tracker.items[i];
+    if (tr.get_if<WandbConfig>())
+      v.refuse(key, "the wandb tracker needs the Weights & Biases service, which this build cannot reach",
+               "use tracker: {type: tensorboard} (view with `tensorboard --logdir tblogs`), tracker: {type: json_logger} "
+               "(metrics.jsonl in the run dir), a list of both, or noop");
+    if (const auto* tb = tr.get_if<TensorboardConfig>(); tb && tb->logdir)
+      check_remote(v, key + ".logdir", *tb->logdir, "directory");
+  }
+  if (t.wandb.set)
+    v.refuse("trainer.wandb", "trainer.wandb (a deprecated upstream alias of tracker) is not supported",
+             "use trainer.tracker: {type: tensorboard} or {type: json_logger} (or a list of both)", t.wandb.where);
+  if (t.quantization.set)
+    v.refuse("trainer.quantization", "quantized (fp8/int8) training is not supported", "remove trainer.quantization",
+             t.quantization.where);
+  if (t.model_averaging.set)
+    v.refuse("trainer.model_averaging", "model averaging (EMA) is not supported yet", "remove trainer.model_averaging",
+             t.model_averaging.where);
+  for (std::size_t i = 0; i < t.watch.watch_targets.items.size(); ++i) {
+    const auto& w = t.watch.watch_targets.items[i];
+    if (w != "grads" && w != "params" && w != "updates" && w != "opt_state")
+      v.error(t.watch.watch_targets.is_list ? join_index("trainer.watch.watch_targets", i) : "trainer.watch.watch_targets",
+              "unknown watch target '" + w + "': use grads, params, updates or opt_state");
+  }
+  if (t.watch.interval < 0) v.error("trainer.watch.interval", "must be >= 0 (0 turns watching off)");
+  if (t.profiler && t.profiler_num_steps <= 0) v.error("trainer.profiler_num_steps", "must be positive");
+  if (t.initialize_from) check_remote(v, "trainer.initialize_from", *t.initialize_from, "directory");
+  if (t.shutdown_at_exit)
+    v.refuse("trainer.shutdown_at_exit", "shutting the machine down at exit is not supported",
+             "set shutdown_at_exit: false");
+  if (t.model_axis_size > 1)
+    v.refuse("trainer.model_axis_size", "tensor parallelism (model_axis_size " + std::to_string(t.model_axis_size) +
+             ") is not supported yet (distribution arrives later)", "use model_axis_size: 1");
+  if (t.model_axis_size <= 0) v.error("trainer.model_axis_size", "must be positive; use 1");
+  if (t.replica_ici_axis_size != 1)
+    v.refuse("trainer.replica_ici_axis_size", "replica mesh axes are not supported yet (distribution arrives later)",
+             "use replica_ici_axis_size: 1");
+  if (t.replica_dcn_axis_size != 1 && t.replica_dcn_axis_size != -1)
+    v.refuse("trainer.replica_dcn_axis_size", "multi-slice replicas are not supported yet",
+             "use replica_dcn_axis_size: 1");
+  check_remote(v, "trainer.checkpointer.base_path", t.checkpointer.base_path, "directory");
+  if (t.load_checkpoint_path) check_remote(v, "trainer.load_checkpoint_path", *t.load_checkpoint_path, "directory");
+
+  // batch sizes
+  const auto& steps = t.train_batch_size.steps;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const std::string key = t.train_batch_size.is_constant() ? "trainer.train_batch_size"
+                                                             : join_index("trainer.train_batch_size", i);
+    if (steps[i].value <= 0)
+      v.error(key, "train_batch_size must be positive (got " + std::to_string(steps[i].value) + ")");
+    if (i == 0 && steps[i].start != 0)
+      v.error(key, "a batch-size schedule must start at step 0 (got start " + std::to_string(steps[i].start) + ")");
+    if (i > 0 && steps[i].start <= steps[i - 1].start)
+      v.error(key, "schedule starts must increase (" + std::to_string(steps[i].start) + " after " +
+                       std::to_string(steps[i - 1].start) + ")");
+  }
+  if (t.per_device_parallelism != -1) {
+    if (t.per_device_parallelism <= 0) {
+      v.error("trainer.per_device_parallelism",
+              "must be -1 (whole batch) or positive (got " + std::to_string(t.per_device_parallelism) + ")");
+    } else {
+      for (const auto& s : steps)
+        if (s.value > 0 && s.value % t.per_device_parallelism != 0) {
+          v.error("trainer.per_device_parallelism", "train_batch_size " + std::to_string(s.value) +
+                      " is not divisible by per_device_parallelism " + std::to_string(t.per_device_parallelism) +
+                      "; choose a micro-batch size that divides the batch size");
+          break;
+        }
+    }
+  }
+  if (t.per_device_eval_parallelism != -1 && t.per_device_eval_parallelism <= 0)
+    v.error("trainer.per_device_eval_parallelism",
+            "must be -1 (same as training) or positive (got " + std::to_string(t.per_device_eval_parallelism) + ")");
+  if (t.num_train_steps <= 0)
+    v.error("trainer.num_train_steps", "must be positive (got " + std::to_string(t.num_train_steps) + ")");
+  if (t.steps_per_eval <= 0)
+    v.error("trainer.steps_per_eval", "must be positive (got " + std::to_string(t.steps_per_eval) + ")");
+  if (t.max_eval_batches && *t.max_eval_batches < 0)
+    v.error("trainer.max_eval_batches", "must be >= 0 or unset (got " + std::to_string(*t.max_eval_batches) + ")");
+
+  // checkpoint keep policies
+  const auto& keep = t.checkpointer.keep;
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    const std::string key = join_index("trainer.checkpointer.keep", i);
+    if (keep[i].every <= 0)
+      v.error(key + ".every", "must be positive (got " + std::to_string(keep[i].every) + ")");
+    if (!keep[i].until && i + 1 < keep.size())
+      v.error(key + ".until", "only the last keep policy may omit 'until'; give this one an until step");
+    if (i > 0 && keep[i].until && keep[i - 1].until && *keep[i].until <= *keep[i - 1].until)
+      v.error(key + ".until", "keep policies must have increasing 'until' (" + std::to_string(*keep[i].until) +
+                                  " after " + std::to_string(*keep[i - 1].until) + ")");
+  }
+  if (t.checkpointer.save_interval.seconds <= 0)
+    v.error("trainer.checkpointer.save_interval", "must be a positive duration (e.g. 15m)");
+
+  // JAX-only keys: accepted, ignored, listed
+  const char* jax_only[] = {"trainer.jax_config", "trainer.log_jaxprs", "trainer.log_xla_hlo",
+                            "trainer.jax_compilation_cache_dir", "trainer.profiler_perfetto_link"};
+  for (const char* k : jax_only)
+    if (v.set_in_config(k)) v.note(k, "ignored (JAX-specific)");
+  if (t.ray.set || v.set_in_config("trainer.ray")) v.note("trainer.ray", "ignored (JAX-specific: Ray is not used)");
+  if (t.distributed.set) v.note("trainer.distributed", "ignored (JAX-specific; multi-process runs use mpirun)");
+  if (v.set_in_config("trainer.require_accelerator"))
+    v.note("trainer.require_accelerator", "ignored (JAX-specific; the CPU/GPU choice is made at build time)");
+}
+
+}  // namespace levanter

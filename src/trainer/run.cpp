@@ -1,0 +1,182 @@
+// levanter/trainer/run.hpp: run ids and directories, trackers, the log, and the step bookkeeping.
+#include <levanter/trainer/run.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include <haliax/detail/gemm.hpp>
+#include <levanter/config/yaml.hpp>
+#include <levanter/io/atomic_file.hpp>
+
+extern "C" char* openblas_get_corename();
+
+namespace levanter {
+
+std::string resolve_run_id(const std::optional<std::string>& configured) {
+  if (configured && !configured->empty()) return *configured;
+  if (const char* env = std::getenv("RUN_ID"); env && *env) return env;
+  static constexpr char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 8; ++i) id.push_back(alphabet[rd() % 36]);
+  return id;
+}
+
+std::int64_t data_offset_at(const config::IntSchedule& bs, std::int64_t step) {
+  std::int64_t off = 0;
+  for (std::size_t i = 0; i < bs.steps.size(); ++i) {
+    const auto start = bs.steps[i].start;
+    if (start >= step) break;
+    const auto end = i + 1 < bs.steps.size() ? std::min(bs.steps[i + 1].start, step) : step;
+    off += (end - start) * bs.steps[i].value;
+  }
+  return off;
+}
+
+void check_finite(double value, const char* metric, std::int64_t step, bool crash_on_nan, bool crash_on_inf) {
+  if (std::isnan(value) && crash_on_nan)
+    throw training_error("step " + std::to_string(step) + ": " + metric +
+                         " is NaN (trainer.crash_on_nan is true; lower optimizer.learning_rate or set "
+                         "trainer.crash_on_nan: false to continue)");
+  if (std::isinf(value) && crash_on_inf)
+    throw training_error("step " + std::to_string(step) + ": " + metric +
+                         " is infinite (trainer.crash_on_inf is true; lower optimizer.learning_rate or set "
+                         "trainer.crash_on_inf: false to continue)");
+}
+
+std::string openblas_core() {
+  const char* c = openblas_get_corename();
+  return c ? c : "unknown";
+}
+
+double measure_gemm_peak(std::int64_t n, int reps) {
+  std::vector<float> a(static_cast<std::size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
+  double best = 0;
+  for (int r = 0; r < reps + 1; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    haliax::detail::host_gemm_batched(false, false, 1, n, n, n, a.data(), b.data(), c.data());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s);
+  }
+  return best;
+}
+
+std::string human_duration(double s) {
+  if (!(s >= 0) || !std::isfinite(s)) return "?";
+  const auto t = static_cast<std::int64_t>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", (long long)t);
+  return buf;
+}
+
+json throughput_meter::on_step(std::int64_t tokens, std::int64_t examples, double seconds) {
+  total_tokens += tokens;
+  total_seconds += seconds;
+  const double tps = double(tokens) / seconds;
+  const double fps = tps * flops_per_token;
+  return json{{"throughput/duration", seconds},
+              {"throughput/tokens_per_second", tps},
+              {"throughput/examples_per_second", double(examples) / seconds},
+              {"throughput/gflops_per_second", fps / 1e9},
+              {"throughput/mfu", peak_flops > 0 ? fps / peak_flops : 0.0},
+              {"throughput/total_tokens", total_tokens}};
+}
+
+std::string progress_line(std::int64_t step, std::int64_t total, double loss, double lr, double tokens_per_s,
+                          double mfu, double eta_s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.3g  %.0f tok/s  MFU %.1f%%  ETA %s", (long long)step,
+                (long long)total, loss, lr, tokens_per_s, 100.0 * mfu, human_duration(eta_s).c_str());
+  return buf;
+}
+
+namespace {
+json yaml_to_json(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      json j = json::object();
+      for (const auto& kv : n) j[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+      return j;
+    }
+    case YAML::NodeType::Sequence: {
+      json j = json::array();
+      for (const auto& v : n) j.push_back(yaml_to_json(v));
+      return j;
+    }
+    case YAML::NodeType::Scalar: {
+      const auto s = n.Scalar();
+      if (n.Tag() != "!") {
+        if (s == "true" || s == "false") return s == "true";
+        char* end = nullptr;
+        const long long i = std::strtoll(s.c_str(), &end, 10);
+        if (!s.empty() && *end == 0) return i;
+        const double d = std::strtod(s.c_str(), &end);
+        if (!s.empty() && *end == 0) return d;
+      }
+      return s;
+    }
+    default:
+      return nullptr;
+  }
+}
+}  // namespace
+
+json config_to_json(const std::string& yaml_text) { return yaml_to_json(YAML::Load(yaml_text)); }
+
+std::unique_ptr<tracker> make_tracker(const config::OneOrMany<TrackerChoice>& choices,
+                                      const std::filesystem::path& run_dir) {
+  std::vector<std::unique_ptr<tracker>> ts;
+  for (const auto& choice : choices.items) {
+    if (const auto* j = choice.get_if<JsonLoggerConfig>())
+      ts.push_back(std::make_unique<json_logger_tracker>((run_dir / "metrics.jsonl").string(), j->logger_name));
+    else if (choice.get_if<NoopTrackerConfig>())
+      ts.push_back(std::make_unique<noop_tracker>());
+    else if (const auto* tb = choice.get_if<TensorboardConfig>())
+      ts.push_back(std::make_unique<tensorboard_tracker>(
+          (std::filesystem::path(tb->logdir.value_or("tblogs")) / run_dir.filename()).string(),
+          tb->filename_suffix.value_or(""), tb->write_to_disk));
+    else
+      throw config::config_error("trainer.tracker: type '" + std::string(choice.type_name()) + "' is not supported");
+  }
+  if (ts.size() == 1) return std::move(ts.front());
+  return std::make_unique<composite_tracker>(std::move(ts));
+}
+
+run_context::run_context(const TrainerConfig& t, std::string resolved_yaml, std::ostream& out,
+                         const std::string& program)
+    : id_(resolve_run_id(t.id)), yaml_(std::move(resolved_yaml)), program_(program), out_(out) {
+  id_given_ = (t.id && !t.id->empty()) || (std::getenv("RUN_ID") && *std::getenv("RUN_ID"));
+  dir_ = std::filesystem::path(t.log_dir) / id_;
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) throw config::config_error("trainer.log_dir: cannot create the run directory '" + dir_.string() + "' (" +
+                                     ec.message() + ")");
+  try {
+    io::write_file_atomic(dir_ / "config.yaml", yaml_);
+  } catch (const io::io_error& e) {
+    throw config::config_error(std::string("trainer.log_dir: ") + e.what());
+  }
+  trk_ = make_tracker(t.tracker, dir_);
+  log_file_.open(dir_ / (program_ + ".log"), std::ios::app);
+}
+
+void run_context::say(const std::string& line) {
+  std::lock_guard lk(mu_);
+  out_ << line << std::endl;
+  log_file_ << line << std::endl;
+}
+
+std::function<void(const std::string&)> run_context::logger() {
+  return [this](const std::string& m) { say(program_ + ": " + m); };
+}
+
+}  // namespace levanter
