@@ -29,7 +29,7 @@ namespace {
 struct state {
   levanter::Gpt2Config cfg;
   LMHeadModel model;
-  levanter::optim::adamw_state<LMHeadModel> opt;
+  std::unique_ptr<levanter::optim::adamw_optimizer<LMHeadModel>> opt;
   fs::path dir;
   std::uint64_t bytes = 0;
 };
@@ -39,8 +39,7 @@ std::unique_ptr<state>& shared_ptr() {
     auto st = std::make_unique<state>();
     st->model = LMHeadModel::init(st->cfg, 50257, haliax::random::make_key(0));
     levanter::AdamConfig oc;
-    levanter::optim::adamw opt(oc, 100);
-    st->opt = opt.init(st->model);
+    st->opt = std::make_unique<levanter::optim::adamw_optimizer<LMHeadModel>>(oc, 100, st->model);
     const char* base = std::getenv("LEVANTER_BENCH_DIR");
     st->dir = fs::path(base ? base : fs::temp_directory_path().string()) / ("levanter_bench_checkpoint_" + std::to_string(::getpid()));
     fs::remove_all(st->dir);
@@ -52,7 +51,7 @@ std::unique_ptr<state>& shared_ptr() {
 state& shared() { return *shared_ptr(); }
 
 std::vector<ck::named_file> files(const state& s) {
-  return ck::train_state_files(s.model, &s.opt, 100, haliax::random::make_key(1), 0, "");
+  return ck::train_state_files<LMHeadModel>(s.model, s.opt.get(), 100, haliax::random::make_key(1), 0, "");
 }
 
 void set_rate(benchmark::State& bs, double bytes) {
@@ -87,7 +86,7 @@ void BM_load(benchmark::State& bs) {
     s.bytes = ck::write_checkpoint(s.dir / "step-100", files(s), 100, false, std::chrono::system_clock::now());
   for (auto _ : bs) {
     auto found = ck::discover(s.dir);
-    auto loaded = ck::load_train_state(found.checkpoints.at(0), s.model, &s.opt, false);
+    auto loaded = ck::load_train_state<LMHeadModel>(found.checkpoints.at(0), s.model, s.opt.get(), false);
     benchmark::DoNotOptimize(loaded.step);
   }
   set_rate(bs, double(s.bytes));

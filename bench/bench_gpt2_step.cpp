@@ -57,7 +57,7 @@ void BM_Gpt2Step(benchmark::State& state) {
   std::vector<std::int32_t> t(std::size_t(B * P));
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::int32_t((i * 2654435761u) % V);
   auto ex = levanter::lm_example::causal(hax::from_host<std::int32_t>(t, B * levanter::Batch, P * levanter::Pos), 50256);
-  levanter::gpt2::forward_options fo;
+  levanter::forward_options fo;
   fo.inference = false;
   fo.checkpointing = checkpointing ? hax::nn::checkpoint_policy::per_layer : hax::nn::checkpoint_policy::none;
   double fwd_bwd = 0, update = 0;

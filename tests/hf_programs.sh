@@ -37,6 +37,34 @@ h5dump -d /step ckpt/hf/step-4/training_state.h5 | grep -q "(0): 4" || fail "h5d
 grep -q "step 4" export.out || { cat export.out; fail "export did not take the newest checkpoint"; }
 for f in config.json model.safetensors; do [ -f "exported/$f" ] || fail "the export lacks $f"; done
 grep -q '"model_type": "gpt2"' exported/config.json || fail "config.json lacks model_type gpt2"
+# The byte tokenizer (the run's data.tokenizer): its EOS id in config.json, no BOS, no files to copy.
+grep -q '"eos_token_id": 256' exported/config.json || { cat exported/config.json; fail "config.json lacks eos_token_id 256"; }
+grep -q '"bos_token_id": null' exported/config.json || { cat exported/config.json; fail "config.json should have no BOS"; }
+grep -q "built in and has no Hugging Face files" export.out || { cat export.out; fail "export did not say the byte tokenizer has no files"; }
+[ ! -e exported/tokenizer.json ] || fail "the byte tokenizer has no tokenizer.json to export"
+
+# A run with a Hugging Face tokenizer.json: the export carries its files and the ids transformers reads from them
+# (tests/golden/hf_export_tokenizer_ids.json, written by tests/oracle/check_hf_export_tokenizer.py --golden).
+"$train_lm" --trainer.num_train_steps 2 --trainer.steps_per_eval 1000 --trainer.id bpe --trainer.log_dir logs \
+  --trainer.checkpointer.base_path ckpt --data.tokenizer "$golden/tokenizers/gpt2_style" \
+  --data.train_urls "[\"$golden/upstream_train_lm/train.jsonl\"]" --data.validation_urls '[]' \
+  --data.cache_dir bpe_cache > bpe.out 2>&1 || { cat bpe.out; fail "train_lm with a tokenizer.json failed"; }
+"$export_prog" --checkpoint_path ckpt/bpe --output_dir exported_bpe > export_bpe.out 2>&1 ||
+  { cat export_bpe.out; fail "export of the tokenizer.json run failed"; }
+for f in tokenizer.json tokenizer_config.json; do
+  [ -f "exported_bpe/$f" ] || fail "the export lacks the tokenizer's $f"
+  cmp -s "exported_bpe/$f" "$golden/tokenizers/gpt2_style/$f" || fail "exported $f differs from the tokenizer's"
+done
+want=$(tr -d ' \n' < "$golden/hf_export_tokenizer_ids.json" | sed -n 's/.*"gpt2_style":{"bos_token_id":\([0-9]*\),"eos_token_id":\([0-9]*\).*/\1 \2/p')
+[ -n "$want" ] || fail "no gpt2_style ids in hf_export_tokenizer_ids.json"
+read -r want_bos want_eos <<< "$want"
+grep -q "\"bos_token_id\": $want_bos," exported_bpe/config.json &&
+  grep -q "\"eos_token_id\": $want_eos," exported_bpe/config.json ||
+  { cat exported_bpe/config.json; fail "config.json ids differ from transformers' (bos $want_bos, eos $want_eos)"; }
+# --tokenizer names what to save; a hub name cannot be fetched and is refused, not ignored.
+expect_fail "not a local tokenizer.json" "$export_prog" --checkpoint_path ckpt/bpe --output_dir x --tokenizer gpt2
+expect_fail "more than the model's vocabulary" "$export_prog" --checkpoint_path ckpt/hf --output_dir x \
+  --tokenizer "$golden/tokenizers/gpt2_style"
 
 # Import it back, and start a run from the imported model.
 "$import_prog" --hf_checkpoint exported --output_path imported > import.out 2>&1 || { cat import.out; fail "import failed"; }

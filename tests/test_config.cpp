@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <haliax/nn/activation.hpp>
 #include <levanter/config/cli.hpp>
 #include <levanter/main/train_lm_config.hpp>
 #include <levanter/config/validate.hpp>
@@ -482,7 +483,7 @@ config::validation_result validate_yaml(const std::string& yaml, std::vector<std
   std::string f = d.write("v.yaml", yaml);
   extra.insert(extra.begin(), f);
   auto r = parse(extra);
-  return config::validate(r.config, r.sources);
+  return levanter::validate_train_lm(r.config, r.sources);
 }
 const std::string kGood =
     "data:\n  tokenizer: byte\n  train_urls: [train.jsonl]\n"
@@ -512,6 +513,14 @@ TEST_CASE("validate: impossible values") {
   CHECK(contains(joined(v.errors), "model.seq_len"));
   CHECK(contains(joined(v.errors), "model.attn_pdrop"));
   CHECK(contains(joined(v.errors), "unknown activation 'gelu2'"));
+  // One registry: every name the message lists is accepted, and tanh (listed by an older, drifted copy) is not.
+  v = validate_yaml(kGood, {"--model.activation_function", "tanh"});
+  CHECK(contains(joined(v.errors), "model.activation_function (command line): unknown activation 'tanh'; use one of "
+                                   "relu, gelu, gelu_new, quick_gelu, silu, swish"));
+  for (const auto& e : haliax::nn::activation_table) {
+    v = validate_yaml(kGood, {"--model.activation_function", std::string(e.name)});
+    CHECK_MESSAGE(v.errors.empty(), e.name);
+  }
   v = validate_yaml(kGood, {"--optimizer", "{learning_rate: -1, beta1: 1.0, beta2: -0.1, epsilon: 0, warmup: -1, "
                                           "min_lr_ratio: 2}"});
   for (const char* k : {"optimizer.learning_rate", "optimizer.beta1", "optimizer.beta2", "optimizer.epsilon",

@@ -185,7 +185,7 @@ TEST_CASE("gpt2: gradient checkpointing changes neither loss nor gradients") {
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::int32_t((i * 7 + 3) % 50);
   auto ex = levanter::lm_example::causal(hax::from_host<std::int32_t>(t, 2 * levanter::Batch, 16 * levanter::Pos), 49);
   auto run = [&](hax::nn::checkpoint_policy p) {
-    levanter::gpt2::forward_options o;
+    levanter::forward_options o;
     o.checkpointing = p;
     return hax::value_and_grad([&](const LMHeadModel& mm) { return levanter::gpt2::next_token_loss(mm, c, ex, 0.0, o); })(m);
   };

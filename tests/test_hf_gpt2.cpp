@@ -15,7 +15,7 @@
 #include <vector>
 
 #include <levanter/checkpoint/h5.hpp>
-#include <levanter/compat/hf_gpt2.hpp>
+#include <levanter/models/gpt2_hf.hpp>
 
 #include "h5_golden.hpp"
 
@@ -59,7 +59,7 @@ std::vector<float> logits_of(const LMHeadModel& m, const Gpt2Config& c, const st
   hax::no_grad_guard ng;
   auto t = hax::from_host<std::int32_t>(tokens, batch * levanter::Batch, seq * levanter::Pos);
   auto seg = hax::zeros<std::int32_t>(batch * levanter::Batch, seq * levanter::Pos);
-  levanter::gpt2::forward_options o;
+  levanter::forward_options o;
   o.inference = true;
   return m.logits(c, t, seg, o).to_host();
 }
@@ -79,11 +79,11 @@ std::vector<std::vector<float>> values(const LMHeadModel& m) {
 
 /// Imports a golden directory: config from config.json, weights from the safetensors.
 std::pair<LMHeadModel, Gpt2Config> import_dir(const std::string& dir) {
-  auto d = levanter::hf::open_gpt2_dir(dir, "test");
-  Gpt2Config c = levanter::hf::merge_hf_config(Gpt2Config{}, d.config);
+  auto d = levanter::hf::open_dir(dir, "test");
+  Gpt2Config c = levanter::hf::config_from_hf<LMHeadModel>(Gpt2Config{}, d);
   c.gradient_checkpointing = false;
   auto m = LMHeadModel::init(c, d.vocab_size, hax::random::make_key(0));
-  levanter::hf::load_gpt2(d, m);
+  levanter::hf::load(d, m);
   return {m, c};
 }
 
@@ -116,8 +116,7 @@ TEST_CASE("hf gpt2: export then import gives the same model, sharded or not, and
   c.num_heads = 4;
   c.gradient_checkpointing = false;
   const auto m = LMHeadModel::init(c, 257, hax::random::make_key(3));
-  auto files = levanter::hf::save_gpt2(m, c, 257, (dir / "single").string(), levanter::safetensors::dtype::F32,
-                                       levanter::hf::default_max_shard_bytes, 256);
+  auto files = levanter::hf::save(m, c, 257, (dir / "single").string(), {std::nullopt, 256});
   CHECK(fs::exists(dir / "single" / "model.safetensors"));
   CHECK(fs::exists(dir / "single" / "config.json"));
   auto cfg = nlohmann::json::parse(std::ifstream(dir / "single" / "config.json"));
@@ -126,6 +125,7 @@ TEST_CASE("hf gpt2: export then import gives the same model, sharded or not, and
   CHECK(cfg["n_layer"] == 3);
   CHECK(cfg["vocab_size"] == 257);
   CHECK(cfg["eos_token_id"] == 256);
+  CHECK(cfg["bos_token_id"].is_null());  // the tokenizer's ids, as given: this one has no BOS
   // Upstream's names: no transformer. prefix, h.N., wte/wpe, no lm_head.
   levanter::safetensors::hf_dir st((dir / "single").string());
   CHECK(st.find("h.2.attn.c_attn.weight") != nullptr);
@@ -140,14 +140,14 @@ TEST_CASE("hf gpt2: export then import gives the same model, sharded or not, and
   CHECK(values(back) == values(m));
 
   // Sharded: several files and an index; the same weights come back.
-  files = levanter::hf::save_gpt2(m, c, 257, (dir / "sharded").string(), levanter::safetensors::dtype::F32, 20000);
+  files = levanter::hf::save(m, c, 257, (dir / "sharded").string(), {}, levanter::safetensors::dtype::F32, 20000);
   CHECK(fs::exists(dir / "sharded" / "model.safetensors.index.json"));
   CHECK(files.size() > 3);
   auto [back2, c3] = import_dir((dir / "sharded").string());
   CHECK(values(back2) == values(m));
 
   // bfloat16: about 3 significant digits survive.
-  levanter::hf::save_gpt2(m, c, 257, (dir / "bf16").string(), levanter::safetensors::dtype::BF16);
+  levanter::hf::save(m, c, 257, (dir / "bf16").string(), {}, levanter::safetensors::dtype::BF16);
   auto cfg16 = nlohmann::json::parse(std::ifstream(dir / "bf16" / "config.json"));
   CHECK(cfg16["torch_dtype"] == "bfloat16");
   auto [back3, c4] = import_dir((dir / "bf16").string());
@@ -165,7 +165,7 @@ TEST_CASE("hf gpt2: export then import gives the same model, sharded or not, and
     fs::remove_all(o);
     // Scaled up so the logits are far from zero (a fresh init gives logits of about 0.01).
     const auto big = hax::tree::map(m, [](const std::string&, const auto& x) { return x * 10.0f; });
-    levanter::hf::save_gpt2(big, c, 257, o.string(), levanter::safetensors::dtype::F32, 60000, 256);
+    levanter::hf::save(big, c, 257, o.string(), {256, 256}, levanter::safetensors::dtype::F32, 60000);
     std::vector<std::int32_t> tokens;
     for (int i = 0; i < 2 * 16; ++i) tokens.push_back((i * 37 + 11) % 257);
     const auto logits = logits_of(big, c, tokens, 2, 16);
@@ -187,13 +187,13 @@ TEST_CASE("hf gpt2: a model without biases exports zero biases and imports back"
   c.num_heads = 2;
   c.use_bias = false;
   const auto m = LMHeadModel::init(c, 50, hax::random::make_key(4));
-  levanter::hf::save_gpt2(m, c, 50, dir.string());
+  levanter::hf::save(m, c, 50, dir.string(), {});
   levanter::safetensors::hf_dir st(dir.string());
   const auto b = st.read_f32("h.0.attn.c_attn.bias");
   CHECK(b == std::vector<float>(48, 0.0f));
-  auto d = levanter::hf::open_gpt2_dir(dir.string(), "test");
+  auto d = levanter::hf::open_dir(dir.string(), "test");
   auto m2 = LMHeadModel::init(c, 50, hax::random::make_key(9));
-  levanter::hf::load_gpt2(d, m2);  // zero biases are accepted for a bias-free model
+  levanter::hf::load(d, m2);  // zero biases are accepted for a bias-free model
   CHECK(values(m2) == values(m));
   fs::remove_all(dir);
 }
@@ -201,10 +201,10 @@ TEST_CASE("hf gpt2: a model without biases exports zero biases and imports back"
 TEST_CASE("hf gpt2: unusable checkpoints are refused with the reason") {
   auto dir = temp_dir("errors");
   using levanter::hf::error;
-  CHECK_THROWS_WITH_AS(levanter::hf::open_gpt2_dir("openai-community/gpt2", "initialize_from_hf"),
+  CHECK_THROWS_WITH_AS(levanter::hf::open_dir("openai-community/gpt2", "initialize_from_hf"),
                        doctest::Contains("not a local directory"), error);
   fs::create_directories(dir / "empty");
-  CHECK_THROWS_AS(levanter::hf::open_gpt2_dir((dir / "empty").string(), "x"), std::exception);
+  CHECK_THROWS_AS(levanter::hf::open_dir((dir / "empty").string(), "x"), std::exception);
 
   // Another architecture.
   fs::copy(golden + "/hf_gpt2_tiny", dir / "llama");
@@ -213,8 +213,8 @@ TEST_CASE("hf gpt2: unusable checkpoints are refused with the reason") {
     j["model_type"] = "llama";
     std::ofstream(dir / "llama" / "config.json") << j.dump();
   }
-  CHECK_THROWS_WITH_AS(levanter::hf::open_gpt2_dir((dir / "llama").string(), "x"),
-                       doctest::Contains("model_type 'llama'; only gpt2"), error);
+  CHECK_THROWS_WITH_AS(import_dir((dir / "llama").string()),
+                       doctest::Contains("has model_type 'llama', but the model is a gpt2"), error);
 
   // config.json that does not match the weights.
   fs::copy(golden + "/hf_gpt2_tiny", dir / "wrong");
@@ -226,16 +226,16 @@ TEST_CASE("hf gpt2: unusable checkpoints are refused with the reason") {
   CHECK_THROWS_WITH_AS(import_dir((dir / "wrong").string()), doctest::Contains("does config.json match the weights?"), error);
 
   // A model config that differs from the checkpoint's architecture.
-  auto d = levanter::hf::open_gpt2_dir(golden + "/hf_gpt2_tiny", "initialize_from_hf");
+  auto d = levanter::hf::open_dir(golden + "/hf_gpt2_tiny", "initialize_from_hf");
   Gpt2Config c;
   c.seq_len = 16;
   c.hidden_dim = 32;
   c.num_layers = 4;
   c.num_heads = 4;
-  CHECK_THROWS_WITH_AS(levanter::hf::check_matches(c, d.config, "initialize_from_hf"),
+  CHECK_THROWS_WITH_AS(levanter::hf::check_matches<LMHeadModel>(c, d, "initialize_from_hf"),
                        doctest::Contains("n_layer 2 but the model config says 4"), error);
   c.num_layers = 2;
-  CHECK_NOTHROW(levanter::hf::check_matches(c, d.config, "initialize_from_hf"));
+  CHECK_NOTHROW(levanter::hf::check_matches<LMHeadModel>(c, d, "initialize_from_hf"));
   CHECK_THROWS_WITH_AS(levanter::hf::dtype_from_config(std::string("int8")), doctest::Contains("unknown dtype 'int8'"), error);
   fs::remove_all(dir);
 }

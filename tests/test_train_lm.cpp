@@ -51,7 +51,7 @@ levanter::TrainLmConfig tiny_config(const fs::path& dir, const std::string& extr
                            "optimizer: {learning_rate: 3e-3, warmup: 2}\n" + extra;
   const char* argv[] = {"train_lm"};
   auto parsed = levanter::config::parse_command_line<levanter::TrainLmConfig>(1, argv, yaml, "<test>");
-  const auto v = levanter::config::validate(parsed.config, parsed.sources);
+  const auto v = levanter::validate_train_lm(parsed.config, parsed.sources);
   REQUIRE_MESSAGE(v.errors.empty(), (v.errors.empty() ? "" : v.errors.front()));
   return parsed.config;
 }
@@ -67,10 +67,18 @@ std::vector<double> logged_losses(const fs::path& metrics) {
   return out;
 }
 
-levanter::train_result run(const levanter::TrainLmConfig& cfg, const std::vector<levanter::hook>& hooks = {}) {
+using G = levanter::gpt2::LMHeadModel;
+using hook = levanter::hook<G>;
+using step_info = levanter::step_info<G>;
+
+levanter::train_result run(const levanter::TrainLmConfig& cfg, const std::vector<hook>& hooks = {}) {
   std::ostringstream sink;
-  return levanter::run_train_lm(cfg, levanter::config::to_yaml_string(cfg), sink, hooks);
+  return levanter::run_train_lm<G>(cfg, *cfg.model.get_if<levanter::Gpt2Config>(), levanter::config::to_yaml_string(cfg),
+                                   sink, hooks);
 }
+
+/// A hook that stops the run (as a crash would) once `steps` updates are applied.
+hook stop_after(std::int64_t steps);
 
 }  // namespace
 
@@ -79,11 +87,15 @@ TEST_CASE("train_lm: a tiny run trains and leaves config, metrics and summary in
   write_corpus(dir / "train.jsonl", 200, 1);
   write_corpus(dir / "valid.jsonl", 20, 2);
   auto cfg = tiny_config(dir);
-  std::vector<std::int64_t> every5, at_end;
-  auto res = run(cfg, {levanter::hook{5, [&](const levanter::step_info& s) { every5.push_back(s.step); }},
-                       levanter::hook{0, [&](const levanter::step_info& s) { at_end.push_back(s.step); }, true}});
-  CHECK(every5 == std::vector<std::int64_t>{5, 10});
+  // Hooks as upstream: info.step is the index of the step just taken; `every` fires on its multiples, and at_end
+  // once more after the last step.
+  std::vector<std::int64_t> every5, at_end, every5_forced;
+  auto res = run(cfg, {hook{5, [&](const step_info& s) { every5.push_back(s.step); }, false},
+                       hook{0, [&](const step_info& s) { at_end.push_back(s.next_step); }, true},
+                       hook{5, [&](const step_info& s) { every5_forced.push_back(s.step); }, true}});
+  CHECK(every5 == std::vector<std::int64_t>{0, 5, 10});
   CHECK(at_end == std::vector<std::int64_t>{12});
+  CHECK(every5_forced == std::vector<std::int64_t>{0, 5, 10, 11});
   CHECK(res.steps == 12);
   CHECK(res.final_loss < res.first_loss - 0.5);
   CHECK(res.first_loss == doctest::Approx(std::log(257.0)).epsilon(0.05));
@@ -114,7 +126,7 @@ TEST_CASE("train_lm: a tiny run trains and leaves config, metrics and summary in
   REQUIRE(!events.empty());
   CHECK(events.front() == "hparams");
   CHECK(events.back() == "finish");
-  CHECK(evals == 2);  // step 6 and the end
+  CHECK(evals == 3);  // after steps 0 and 6 (upstream's schedule), and at the end (step 11)
   auto summary = nlohmann::json::parse(std::ifstream(rd / "summary.json"));
   CHECK(summary["steps"] == 12);
   CHECK(summary["final_loss"].get<double>() == doctest::Approx(res.final_loss));
@@ -261,6 +273,13 @@ struct stop_here : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+hook stop_after(std::int64_t steps) {
+  return hook{1, [steps](const step_info& s) {
+                if (s.next_step == steps) throw stop_here("killed");
+              },
+              false};
+}
+
 }  // namespace
 
 TEST_CASE("train_lm: a run interrupted and resumed equals an uninterrupted one, bitwise") {
@@ -278,7 +297,7 @@ TEST_CASE("train_lm: a run interrupted and resumed equals an uninterrupted one, 
 
   // The same run stopped after step 7 (a hook throws, as a crash would stop it), then started again.
   cfg.trainer.id = "split";
-  CHECK_THROWS_AS(run(cfg, {levanter::hook{7, [](const levanter::step_info&) { throw stop_here("killed"); }}}), stop_here);
+  CHECK_THROWS_AS(run(cfg, {stop_after(7)}), stop_here);
   const fs::path ck = dir / "checkpoints" / "split";
   CHECK(fs::exists(ck / "step-4" / "metadata.json"));
   CHECK_FALSE(fs::exists(ck / "step-8"));
@@ -316,7 +335,8 @@ TEST_CASE("train_lm: resume skips a torn checkpoint, refuses to restart over unr
   fs::resize_file(ck / "step-8" / "opt_state.h5", 1000);
   cfg.trainer.num_train_steps = 10;
   std::ostringstream out;
-  auto res = levanter::run_train_lm(cfg, levanter::config::to_yaml_string(cfg), out);
+  auto res = levanter::run_train_lm<G>(cfg, *cfg.model.get_if<levanter::Gpt2Config>(),
+                                       levanter::config::to_yaml_string(cfg), out);
   CHECK(res.start_step == 4);
   CHECK(out.str().find("step-8") != std::string::npos);
   CHECK(out.str().find("torn") != std::string::npos);
@@ -372,12 +392,14 @@ TEST_CASE("train_lm: initialize_from_hf and hf_save_path") {
   cfg.hf_save_path = (dir / "hf").string();
   cfg.hf_save_steps = 3;
   auto first = run(cfg);
+  // As upstream's save_hf_checkpoint_callback: after step index 3 (not 0), and at the end (index 5).
   CHECK(fs::exists(dir / "hf" / "exp" / "step-3" / "model.safetensors"));
-  CHECK(fs::exists(dir / "hf" / "exp" / "step-6" / "config.json"));
+  CHECK(fs::exists(dir / "hf" / "exp" / "step-5" / "config.json"));
+  CHECK_FALSE(fs::exists(dir / "hf" / "exp" / "step-0"));
   auto next = tiny_config(dir);
   next.trainer.id = "imp";
   next.trainer.num_train_steps = 3;
-  next.initialize_from_hf = (dir / "hf" / "exp" / "step-6").string();
+  next.initialize_from_hf = (dir / "hf" / "exp" / "step-5").string();
   next.use_hf_model_config = true;
   next.model.get_if<levanter::Gpt2Config>()->hidden_dim = 64;  // replaced by the checkpoint's 32
   auto second = run(next);
@@ -579,7 +601,7 @@ TEST_CASE("train_lm: a mixture of two datasets with staged weights, per-tag eval
 
   // Stopped after step 6 and resumed: the same batches, the same losses.
   cfg.trainer.id = "mix-split";
-  CHECK_THROWS_AS(run(cfg, {levanter::hook{6, [](const levanter::step_info&) { throw stop_here("killed"); }}}), stop_here);
+  CHECK_THROWS_AS(run(cfg, {stop_after(6)}), stop_here);
   auto resumed = run(cfg);
   CHECK(resumed.start_step == 4);
   CHECK(loss_log(dir / "logs" / "mix" / "metrics.jsonl") == loss_log(dir / "logs" / "mix-split" / "metrics.jsonl"));
@@ -615,5 +637,57 @@ TEST_CASE("train_lm: a Hugging Face tokenizer.json, its cache reused, and a cach
   cfg.data.tokenizer = "byte";
   cfg.trainer.id = "hftok3";
   CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("vocab_size"), levanter::data::data_error);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("train_lm: the upstream oracle's YAML gives upstream Levanter's per-step and eval losses") {
+  // tests/golden/upstream_train_lm: a tiny GPT-2 on local jsonl with a byte-level BPE tokenizer.json, run by the real
+  // upstream Levanter (tests/oracle/gen_upstream_train_lm_golden.py). Same token stream (BOS/EOS added as text),
+  // same step numbering and evaluation schedule (after step indices 0, 20, 40 and at the end), the last partial
+  // eval batch counted: every loss within 2e-6 of upstream's (XLA's own run-to-run jitter is 1.4e-6).
+  const fs::path src = LEVANTER_SOURCE_DIR;
+  const fs::path golden = src / "tests" / "golden" / "upstream_train_lm";
+  auto dir = temp_dir("upstream");
+  const auto cwd = fs::current_path();
+  fs::current_path(src);  // the config's paths are relative to the repository root
+  const std::string args[] = {"train_lm", "tests/golden/upstream_train_lm/config.yaml", "--data.cache_dir", (dir / "cache").string(), "--trainer.log_dir",
+                              (dir / "logs").string(), "--trainer.checkpointer.base_path", (dir / "ckpt").string(),
+                              "--trainer.id", "upstream"};
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  auto parsed = levanter::config::parse_command_line<levanter::TrainLmConfig>(static_cast<int>(argv.size()),
+                                                                              argv.data());
+  REQUIRE(levanter::validate_train_lm(parsed.config, parsed.sources).errors.empty());
+  std::ostringstream sink;
+  levanter::run_train_lm<G>(parsed.config, *parsed.config.model.get_if<levanter::Gpt2Config>(),
+                            parsed.resolved_yaml, sink);
+  fs::current_path(cwd);
+
+  const auto up = nlohmann::json::parse(std::ifstream(golden / "upstream_losses.json"));
+  std::map<std::int64_t, double> train, evals;
+  std::ifstream in(dir / "logs" / "upstream" / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] != "log") continue;
+    if (j["metrics"].contains("train/loss")) train[j["step"].get<std::int64_t>()] = j["metrics"]["train/loss"];
+    if (j["metrics"].contains("eval/loss")) evals[j["step"].get<std::int64_t>()] = j["metrics"]["eval/loss"];
+  }
+  REQUIRE(train.size() == up["train_loss"].size());
+  double worst = 0;
+  for (const auto& [step, want] : up["train_loss"].items()) {
+    const double got = train.at(std::stoll(step));
+    worst = std::max(worst, std::abs(got - want.get<double>()));
+    CHECK_MESSAGE(std::abs(got - want.get<double>()) <= 2e-6, "train/loss at step " << step << ": ours " << got
+                                                                                    << ", upstream " << want);
+  }
+  MESSAGE("largest train/loss difference from upstream: " << worst);
+  REQUIRE(evals.size() == up["eval"].size());
+  for (const auto& e : up["eval"]) {
+    const auto step = e["step"].get<std::int64_t>();
+    REQUIRE_MESSAGE(evals.count(step), "no eval/loss logged at step " << step);
+    CHECK_MESSAGE(std::abs(evals[step] - e["eval/loss"].get<double>()) <= 2e-6,
+                  "eval/loss at step " << step << ": ours " << evals[step] << ", upstream " << e["eval/loss"]);
+  }
   fs::remove_all(dir);
 }

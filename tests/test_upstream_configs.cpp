@@ -53,7 +53,7 @@ outcome run(const fs::path& file, const std::string& dir) {
   auto first_line = [&](const std::string& s) { return replace_all(s.substr(0, s.find('\n')), dir, ""); };
   try {
     auto r = config::parse_command_line<TrainLmConfig>(3, argv);
-    auto v = config::validate(r.config, r.sources);
+    auto v = levanter::validate_train_lm(r.config, r.sources);
     for (const auto& n : v.notes) o.notes.push_back(replace_all(n, dir, ""));
     if (v.ok()) {
       o.resolved = true;

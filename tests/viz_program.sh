@@ -107,11 +107,11 @@ grep -q '>⇥	</span>' pages/utf8.html || fail "a tab is not shown as ⇥"
 [ "$(count '<span class="t' pages/utf8.html)" = 128 ] || fail "utf8.html: expected one window of 128 tokens"
 
 # 6. What users get wrong.
-expect_fail 1 "no complete checkpoint under 'nowhere'" "$viz" --checkpoint_path nowhere
+expect_fail 5 "no complete checkpoint under 'nowhere'" "$viz" --checkpoint_path nowhere
 expect_fail 2 "checkpoint_path is required" "$viz"
 expect_fail 2 "num_docs must be positive" "$viz" --checkpoint_path ckpt/ten --num_docs 0
 expect_fail 2 "num_doc" "$viz" --checkpoint_path ckpt/ten --num_doc 3
-expect_fail 1 "data file 'missing.jsonl' not found" "$viz" --checkpoint_path ckpt/ten --data.validation_urls '["missing.jsonl"]'
+expect_fail 3 "data file 'missing.jsonl' not found" "$viz" --checkpoint_path ckpt/ten --data.validation_urls '["missing.jsonl"]'
 expect_fail 2 "validation_urls is empty" "$viz" --checkpoint_path "$golden/hf_gpt2_tiny" --checkpoint_is_hf true
 expect_fail 1 "outside the model's vocabulary" "$viz" --checkpoint_path "$golden/hf_gpt2_tiny" --checkpoint_is_hf true \
   --data.tokenizer byte --data.validation_urls "[\"$PWD/ids.jsonl\"]"

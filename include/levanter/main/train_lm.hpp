@@ -39,10 +39,6 @@
 
 namespace levanter {
 
-/// Checks a decoded train_lm config before any work: every error at once (with the key, the file and line it was
-/// set at, and what to do), and notes for keys we accept but ignore.
-config::validation_result validate_train_lm(const TrainLmConfig& cfg, const config::source_map& sources);
-
 
 namespace detail {
 /// The tokens' display text for the heatmap.

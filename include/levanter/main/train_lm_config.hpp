@@ -10,7 +10,9 @@
 #include <tuple>
 #include <variant>
 
+#include <levanter/config/cli.hpp>
 #include <levanter/config/types.hpp>
+#include <levanter/config/validate.hpp>
 #include <levanter/data/config.hpp>
 #include <levanter/models/registry.hpp>
 #include <levanter/optim/config.hpp>
@@ -86,8 +88,14 @@ struct levanter::config::schema<levanter::TrainLmConfig> {
 };
 
 
+namespace levanter {
+/// Checks a decoded train_lm config before any work: every error at once (with the key, the file and line it was
+/// set at, and what to do), and notes for keys we accept but ignore.
+config::validation_result validate_train_lm(const TrainLmConfig& cfg, const config::source_map& sources);
+
+}  // namespace levanter
+
 // The config machinery for TrainLmConfig is instantiated once, in the library (src/main/train_lm.cpp).
-#include <levanter/config/cli.hpp>
 namespace levanter::config {
 extern template TrainLmConfig decode<TrainLmConfig>(const YAML::Node&, const std::string&, const source_map&,
                                                     const std::string&);
