@@ -64,8 +64,13 @@ static_assert(can_rearrange<axes<ellipsis>>);
 static_assert(!can_rearrange<axes<Z, X>>, "not a permutation: missing an axis");
 static_assert(!can_rearrange<axes<Z, X, Y, W>>, "not a permutation: an extra axis");
 static_assert(!can_rearrange<axes<W, ellipsis>>, "partial order naming an axis the array lacks");
-static_assert(!can_rearrange<axes<X, ellipsis, X>>, "an axis listed twice");
-static_assert(!can_rearrange<axes<X, ellipsis, Y, ellipsis>>, "two ellipses");
+// An order that lists an axis (or the ellipsis) twice is not even an axis list: `axes<...>` requires distinct names.
+template <auto... A>
+concept axes_formable = requires {
+  typename axes<A...>;
+};
+static_assert(!axes_formable<X, ellipsis, X>, "an axis listed twice");
+static_assert(!axes_formable<X, ellipsis, Y, ellipsis>, "two ellipses");
 static_assert(!COMPILES(hax::rearrange(x, Y, X)));
 static_assert(COMPILES(hax::rearrange(x, Y, X, Z)));
 

@@ -157,6 +157,22 @@ TEST_CASE("Mlp: gradient check and activation names") {
   CHECK_THROWS_WITH(nn::activation_from_name("gelu2"), doctest::Contains("valid: relu"));
 }
 
+TEST_CASE("activation registry: one table for names, lookups and messages, no tanh") {
+  for (const auto& e : nn::activation_table) {
+    CHECK(nn::find_activation(e.name) == e.value);
+    CHECK(nn::activation_from_name(e.name) == e.value);
+    CHECK(nn::find_activation(nn::activation_name(e.value)) == e.value);
+    CHECK(nn::activation_names().find(std::string(e.name)) != std::string::npos);
+  }
+  CHECK(nn::activation_from_name("swish") == nn::activation::silu);
+  CHECK(nn::activation_name(nn::activation::silu) == "silu");
+  CHECK(nn::activation_names() == "relu, gelu, gelu_new, quick_gelu, silu, swish");
+  CHECK_FALSE(nn::find_activation("tanh").has_value());
+  CHECK_FALSE(nn::find_activation("GELU").has_value());
+  CHECK_THROWS_WITH(nn::activation_from_name("tanh"),
+                    "haliax::nn: unknown activation 'tanh' (valid: relu, gelu, gelu_new, quick_gelu, silu, swish)");
+}
+
 TEST_CASE("Stacked: stacked parameters, names, fold == manual loop, gradients identical for every policy") {
   std::vector<block<>> layers;
   for (unsigned i = 0; i < 5; ++i) layers.push_back(make_block(30 + 10 * i));

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -79,12 +80,99 @@ constexpr std::string_view axis_name(A) {
 inline constexpr struct ellipsis final : axis<"..."> {
 } ellipsis;
 
+// ---------------------------------------------------------------------------------------------------------
+// One name, one axis
+//
+// Checkpoints, exports and sharding key on the string names, so two distinct tags with the same name
+// (`{embed=4, embed=3}`) must never meet in one array. `axes<...>` requires distinct names; a clash prints
+// the shared name and both tags: `[with NameClash = haliax::same_axis_name<{"embed"}, Embed, OtherEmbed>]`.
+
+/// What a name clash looks like in a compiler note: the shared name, then the two tags that carry it.
+template <fixed_string Name, class A, class B>
+struct same_axis_name {};
+
+namespace detail {
+
+/// (i, j), i < j, of the first two tags with the same name; (n, n) if every name is distinct.
+template <class... Tag>
+constexpr std::array<std::size_t, 2> first_name_clash() {
+  constexpr std::size_t n = sizeof...(Tag);
+  const std::string_view names[] = {Tag::name..., std::string_view{}};
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = i + 1; j < n; ++j)
+      if (names[i] == names[j]) return {i, j};
+  return {n, n};
+}
+
+template <std::size_t I, class... T>
+struct nth_type;
+template <class H, class... T>
+struct nth_type<0, H, T...> {
+  using type = H;
+};
+template <std::size_t I, class H, class... T>
+struct nth_type<I, H, T...> : nth_type<I - 1, T...> {};
+
+template <fixed_string N>
+constexpr auto name_string(const axis<N>*) {
+  return N;
+}
+
+/// `void` when the names of `Tag...` are distinct, else `same_axis_name<name, first tag, second tag>`.
+template <class... Tag>
+struct name_clash {
+  using type = void;
+};
+template <class... Tag>
+requires(first_name_clash<Tag...>()[0] < sizeof...(Tag)) struct name_clash<Tag...> {
+  static constexpr auto at = first_name_clash<Tag...>();
+  using first = typename nth_type<at[0], Tag...>::type;
+  using second = typename nth_type<at[1], Tag...>::type;
+  using type = same_axis_name<name_string(static_cast<const first*>(nullptr)), first, second>;
+};
+
+}  // namespace detail
+
+/// `NameClash` is `void` (no two axes share a name). The step of `DistinctAxisNames` that prints the clash.
+template <class NameClash>
+concept NoAxisNameClash = std::is_void_v<NameClash>;
+
+/// The axis tags `Tag...` have pairwise distinct names (so distinct types too).
+template <class... Tag>
+concept DistinctAxisNames = NoAxisNameClash<typename detail::name_clash<Tag...>::type>;
+
 /// An ordered list of axis tags, written with the tag objects: `axes<Batch, Pos, Embed>`.
-/// This is the axis part of every array type; it carries no sizes.
+/// This is the axis part of every array type; it carries no sizes. Names must be distinct: neither the same
+/// tag twice nor two tags named alike (`DistinctAxisNames`).
 template <auto... A>
-requires(AxisTag<decltype(A)>&&...) struct axes {
+requires(AxisTag<decltype(A)>&&...) && DistinctAxisNames<std::remove_cvref_t<decltype(A)>...> struct axes {
   static constexpr std::size_t rank = sizeof...(A);
 };
+
+/// The tag *types* of an axis list: `axis_types_of<axes<Batch, Embed>>` is `axis_types<Batch, Embed>`.
+/// Concepts take these rather than `axes<...>` so that compiler notes print axis names: GCC prints the tag
+/// objects inside `axes<...>` as `{}` (`axes<{}, {}>`), clang as `{{{}}}`.
+template <class... Tag>
+struct axis_types {
+  static constexpr std::size_t rank = sizeof...(Tag);
+};
+
+namespace detail {
+template <class Axes>
+struct axis_types_of_impl;
+template <auto... A>
+struct axis_types_of_impl<axes<A...>> {
+  using type = axis_types<std::remove_cvref_t<decltype(A)>...>;
+};
+template <class... Tag>
+struct axis_types_of_impl<axis_types<Tag...>> {
+  using type = axis_types<Tag...>;
+};
+}  // namespace detail
+
+/// `axis_types<...>` for an `axes<...>` (or an `axis_types<...>`, unchanged; or a `named_array`, its axes).
+template <class Axes>
+using axis_types_of = typename detail::axis_types_of_impl<std::remove_cvref_t<Axes>>::type;
 
 template <class T>
 inline constexpr bool is_axes_v = false;

@@ -279,9 +279,6 @@ struct node;  // autodiff node (detail/ad.hpp)
 
 namespace detail {
 template <class Axes>
-inline constexpr bool axes_unique_v = is_unique_v<to_list<Axes>>;
-
-template <class Axes>
 std::array<std::string_view, Axes::rank> axis_names() {
   return []<class... Tag>(mp::mp_list<Tag...>) {
     return std::array<std::string_view, sizeof...(Tag)>{Tag::name...};
@@ -302,11 +299,11 @@ std::string shape_string(const std::array<std::string_view, N>& names, const std
 }  // namespace detail
 
 /// A contiguous row-major array of `T` whose dimensions are the named axes `A...`, in that order.
-/// Duplicate axes are a compile error. Copying shares the buffer.
+/// Duplicate axes (or two axes with the same name) are a compile error (`axes` requires distinct names).
+/// Copying shares the buffer.
 template <class T, auto... A>
 class named_array<T, axes<A...>> {
   static_assert(Element<T>, "haliax::named_array: element type must be float, double, bf16, int32_t or bool");
-  static_assert(detail::axes_unique_v<axes<A...>>, "haliax::named_array: an axis appears twice in the axis list");
 
  public:
   using value_type = T;
@@ -423,9 +420,48 @@ class named_array<T, axes<A...>> {
   }
 };
 
+// ---------------------------------------------------------------------------------------------------------
+// Axis concepts
+//
+// Each is defined over `axis_types<Tag...>` lists (axis.hpp) and ends in a one-parameter step whose argument
+// is the offending axes, so that a failure names them: GCC 12 prints
+//   the expression ‘is_same_v<Missing, haliax::axis_types<> > [with Missing = haliax::axis_types<Hidden>]’
+//   evaluated to ‘false’
+// where a concept over `axes<...>` would print `axes<{}, {}>`.
+
+namespace detail {
+template <class T, class Axes>
+struct axis_types_of_impl<named_array<T, Axes>> {
+  using type = typename axis_types_of_impl<Axes>::type;
+};
+}  // namespace detail
+
+/// `Missing` is the empty list: the step of `HasAxes` that prints the missing axes.
+template <class Missing>
+concept NoMissingAxes = std::is_same_v<Missing, axis_types<>>;
+
+/// `Present` is the empty list: the step of `LacksAxes` that prints the axes that should not be there.
+template <class Present>
+concept NoForbiddenAxes = std::is_same_v<Present, axis_types<>>;
+
+/// Every axis of `Need` is an axis of `Have`. Each may be an `axis_types<...>`, an `axes<...>` or a
+/// `named_array`; pass `axis_types` for the most readable notes.
+///   static_assert(HasAxes<axis_types<Batch, Embed>, axis_types<Embed>>);
+template <class Have, class Need>
+concept HasAxes = NoMissingAxes<typename detail::missing_axes<Have, Need>::type>;
+
+/// No axis of `Forbidden` is an axis of `Have` (same argument kinds as `HasAxes`).
+///   static_assert(LacksAxes<axis_types<Batch, Embed>, axis_types<Mlp>>);
+template <class Have, class Forbidden>
+concept LacksAxes = NoForbiddenAxes<typename detail::present_axes<Have, Forbidden>::type>;
+
+/// The tag type `Ax` is in the list `Have` (an `axis_types<...>`): the step of `AxisOf` that names both.
+template <class Ax, class Have>
+concept AxisIn = detail::contains_v<Have, Ax>;
+
 /// `Ax` is one of the axes in the list `Axes` (e.g. `AxisOf<Embed, axes<Batch, Embed>>`).
 template <class Ax, class Axes>
-concept AxisOf = AxisTag<Ax> && detail::contains_v<detail::to_list<Axes>, std::remove_cvref_t<Ax>>;
+concept AxisOf = AxisTag<Ax> && AxisIn<std::remove_cvref_t<Ax>, axis_types_of<Axes>>;
 
 /// Any `named_array`.
 template <class T>
@@ -434,6 +470,10 @@ template <class T, class Axes>
 inline constexpr bool is_named_array_v<named_array<T, Axes>> = true;
 template <class T>
 concept NamedArray = is_named_array_v<std::remove_cvref_t<T>>;
+
+/// The sized axes `S...` (`4 * Batch, 768 * Embed`) are distinct axes with distinct names.
+template <class... S>
+concept DistinctSizedAxes = DistinctAxisNames<typename std::remove_cvref_t<S>::axis_type...>;
 
 /// `named_array<T, axes<...>>` from sized axes: the type `zeros<T>(s...)` returns.
 template <class T, class... S>
@@ -488,6 +528,7 @@ void fill(const named_array<T, Axes>& x, T value) {
 
 /// An array of zeros: `zeros<float>(4 * Batch, 768 * Embed)`.
 template <Element T = float, SizedAxis... S>
+requires DistinctSizedAxes<S...>
 array_for<T, S...> zeros(S... s) {
   auto x = array_for<T, S...>::allocate({s.size...}, "haliax::zeros");
   detail::fill(x, detail::from_double<T>(0.0));
@@ -496,6 +537,7 @@ array_for<T, S...> zeros(S... s) {
 
 /// An array of ones.
 template <Element T = float, SizedAxis... S>
+requires DistinctSizedAxes<S...>
 array_for<T, S...> ones(S... s) {
   auto x = array_for<T, S...>::allocate({s.size...}, "haliax::ones");
   detail::fill(x, detail::from_double<T>(1.0));
@@ -504,6 +546,7 @@ array_for<T, S...> ones(S... s) {
 
 /// An array filled with `value`.
 template <Element T = float, SizedAxis... S>
+requires DistinctSizedAxes<S...>
 array_for<T, S...> full(T value, S... s) {
   auto x = array_for<T, S...>::allocate({s.size...}, "haliax::full");
   detail::fill(x, value);
@@ -512,6 +555,7 @@ array_for<T, S...> full(T value, S... s) {
 
 /// An uninitialised array (for outputs that are about to be overwritten).
 template <Element T = float, SizedAxis... S>
+requires DistinctSizedAxes<S...>
 array_for<T, S...> empty(S... s) {
   return array_for<T, S...>::allocate({s.size...}, "haliax::empty");
 }
@@ -566,6 +610,7 @@ named_array<T, axes<A{}>> arange(sized_axis<A> s, T start = T(0), T step = T(1))
 /// An array holding a copy of host data given row-major in the order of the sized axes.
 /// Throws `shape_error` if the number of values does not match the sizes.
 template <Element T, SizedAxis... S>
+requires DistinctSizedAxes<S...>
 array_for<T, S...> from_host(std::span<const T> values, S... s) {
   auto x = array_for<T, S...>::allocate({s.size...}, "haliax::from_host");
   if (static_cast<std::int64_t>(values.size()) != x.element_count())
@@ -580,17 +625,20 @@ array_for<T, S...> from_host(std::span<const T> values, S... s) {
 }
 
 template <Element T, SizedAxis... S>
+requires DistinctSizedAxes<S...>
 array_for<T, S...> from_host(const std::vector<T>& values, S... s) {
   return from_host<T>(std::span<const T>(values.data(), values.size()), s...);
 }
 
 template <Element T, SizedAxis... S>
+requires DistinctSizedAxes<S...>
 array_for<T, S...> from_host(std::initializer_list<T> values, S... s) {
   return from_host<T>(std::span<const T>(values.begin(), values.size()), s...);
 }
 
 /// Bool arrays from host `std::vector<bool>` (which has no contiguous storage).
 template <SizedAxis... S>
+requires DistinctSizedAxes<S...>
 array_for<bool, S...> from_host(const std::vector<bool>& values, S... s) {
   std::unique_ptr<bool[]> tmp(new bool[values.size() + 1]);
   for (std::size_t i = 0; i < values.size(); ++i) tmp[i] = values[i];

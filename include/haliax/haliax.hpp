@@ -16,6 +16,7 @@
 #include "nn/embedding.hpp"
 #include "nn/normalization.hpp"
 #include "nn/dropout.hpp"
+#include "nn/activation.hpp"
 #include "nn/mlp.hpp"
 #include "nn/stacked.hpp"
 #include "nn/attention.hpp"

@@ -163,6 +163,12 @@ namespace rd = haliax::detail::random_dists;
 namespace tf = haliax::detail::threefry;
 }  // namespace detail
 
+/// The sized axes that lead a sampler's arguments have distinct names (a clash fails at the call and prints
+/// `same_axis_name<{"embed"}, Embed, OtherEmbed>`).
+template <class... Args>
+concept DistinctSampledAxes = NoAxisNameClash<
+    haliax::detail::name_clash_in<haliax::detail::mp::mp_transform<detail::axis_of, detail::sized_prefix<Args...>>>>;
+
 // ---------------------------------------------------------------------------------------------------------
 // Samplers
 
@@ -171,7 +177,8 @@ namespace tf = haliax::detail::threefry;
 /// bits, JAX with x64 enabled).
 template <class T = float, class... Args>
 requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
-    detail::sampler_args_v<2, true, Args...> detail::result_t<T, Args...> uniform(key k, Args... args) {
+    detail::sampler_args_v<2, true, Args...> &&
+    DistinctSampledAxes<Args...> detail::result_t<T, Args...> uniform(key k, Args... args) {
   using R = detail::result_t<T, Args...>;
   const std::tuple<Args...> t(args...);
   R out = detail::allocate_result<R>("haliax::random::uniform", t);
@@ -194,7 +201,8 @@ requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
 
 /// jax.random.normal(k, shape) (float32): `normal(k, 768 * Embed, 3072 * Mlp)`.
 template <class T = float, class... Args>
-requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> detail::result_t<T, Args...> normal(
+requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> &&
+    DistinctSampledAxes<Args...> detail::result_t<T, Args...> normal(
     key k, Args... args) {
   using R = detail::result_t<T, Args...>;
   const std::tuple<Args...> t(args...);
@@ -211,7 +219,8 @@ requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> de
 /// jax.random.truncated_normal(k, lower, upper, shape) (float32): `truncated_normal(k, 4 * X, -2.0f, 2.0f)`.
 /// Values lie in the open interval (lower, upper).
 template <class T = float, class... Args>
-requires std::is_same_v<T, float> && detail::sampler_args_v<2, false, Args...> detail::result_t<T, Args...>
+requires std::is_same_v<T, float> && detail::sampler_args_v<2, false, Args...> &&
+    DistinctSampledAxes<Args...> detail::result_t<T, Args...>
 truncated_normal(key k, Args... args) {
   using R = detail::result_t<T, Args...>;
   const std::tuple<Args...> t(args...);
@@ -229,7 +238,8 @@ truncated_normal(key k, Args... args) {
 
 /// jax.random.gumbel(k, shape) (float32, mode "low").
 template <class T = float, class... Args>
-requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> detail::result_t<T, Args...> gumbel(
+requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> &&
+    DistinctSampledAxes<Args...> detail::result_t<T, Args...> gumbel(
     key k, Args... args) {
   using R = detail::result_t<T, Args...>;
   const std::tuple<Args...> t(args...);
@@ -247,7 +257,8 @@ requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> de
 /// (float, or double for JAX with x64 enabled); p defaults to 0.5.
 template <class T = float, class... Args>
 requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
-    detail::sampler_args_v<1, true, Args...> detail::result_t<bool, Args...> bernoulli(key k, Args... args) {
+    detail::sampler_args_v<1, true, Args...> &&
+    DistinctSampledAxes<Args...> detail::result_t<bool, Args...> bernoulli(key k, Args... args) {
   using R = detail::result_t<bool, Args...>;
   const std::tuple<Args...> t(args...);
   R out = detail::allocate_result<R>("haliax::random::bernoulli", t);
@@ -271,7 +282,8 @@ requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
 /// jax.random.randint(k, shape, minval, maxval) as int32: `randint(k, 8 * Batch, 0, 50257)`. Bounds are
 /// clipped to the int32 range as JAX does; maxval <= minval gives minval everywhere.
 template <class... Args>
-requires detail::sampler_args_v<2, false, Args...> detail::result_t<std::int32_t, Args...> randint(key k,
+requires detail::sampler_args_v<2, false, Args...> &&
+    DistinctSampledAxes<Args...> detail::result_t<std::int32_t, Args...> randint(key k,
                                                                                                    Args... args) {
   using R = detail::result_t<std::int32_t, Args...>;
   const std::tuple<Args...> t(args...);

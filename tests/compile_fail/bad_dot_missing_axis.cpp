@@ -6,8 +6,8 @@ inline constexpr struct Mlp final : haliax::axis<"mlp"> {} Mlp;
 int main() {
   auto x = haliax::zeros<float>(4 * Batch, 8 * Embed);
   auto w = haliax::zeros<float>(8 * Embed, 3 * Mlp);
-  auto y = haliax::dot(x, w, Mlp);
-  // expect: no matching function for call to ‘dot(
-  // expect: const Mlp&)
-  // expect: AxisOf<C, AxA>
+  auto y = haliax::dot(x, w, Mlp);  // expect-first-error-at-line
+  // expect: no matching function for call to ‘dot(haliax::named_array<float, haliax::axes<Batch(), Embed()> >&, haliax::named_array<float, haliax::axes<Embed(), Mlp()> >&, const Mlp&)’
+  // expect: DotContractible<AxA, AxB, C ...>
+  // expect: [with Missing = haliax::axis_types<Mlp>]
 }

@@ -25,10 +25,13 @@ struct to_list_impl<axes<A...>> {
 template <class Axes>
 using to_list = typename to_list_impl<Axes>::type;
 
+// No `type` unless the tags make a valid `axes<...>`: then a signature that spells `to_axes<L>` (a return type)
+// fails softly, as a substitution failure at the caller, even where a compiler substitutes into the return type
+// before checking the function's constraints (clang 14).
 template <class L>
-struct to_axes_impl;
+struct to_axes_impl {};
 template <class... T>
-struct to_axes_impl<mp::mp_list<T...>> {
+requires(AxisTag<T>&&...) && DistinctAxisNames<T...> struct to_axes_impl<mp::mp_list<T...>> {
   using type = axes<T{}...>;
 };
 /// mp_list of tag types -> `axes<...>`.
@@ -115,6 +118,29 @@ using resolve_order = typename resolve_order_impl<Full, Spec>::type;
 template <class Full, class Spec>
 inline constexpr bool valid_order_v = mp::mp_count<Spec, std::remove_cvref_t<decltype(ellipsis)>>::value <= 1 &&
                                       is_unique_v<Spec>&& same_set_v<resolve_order<Full, Spec>, Full>;
+
+/// The axes of `Need` that `Have` lacks, as `axis_types<...>` (each an `axes`, `axis_types` or `named_array`).
+/// A named struct, so that a concept note reads `missing_axes<Have, Need>`, never MP11's internals.
+template <class Have, class Need>
+struct missing_axes {
+  using type = difference<axis_types_of<Need>, axis_types_of<Have>>;
+};
+
+/// The axes of `Forbidden` that `Have` has, as `axis_types<...>`.
+template <class Have, class Forbidden>
+struct present_axes {
+  using type = intersection<axis_types_of<Forbidden>, axis_types_of<Have>>;
+};
+
+template <class L>
+struct name_clash_in_impl;
+template <template <class...> class L, class... T>
+struct name_clash_in_impl<L<T...>> {
+  using type = typename name_clash<T...>::type;
+};
+/// `void` if the tags of list L have distinct names, else the first clash (`same_axis_name<...>`).
+template <class L>
+using name_clash_in = typename name_clash_in_impl<L>::type;
 
 /// Whether every element of L is an axis tag.
 template <class L>

@@ -15,6 +15,7 @@
 #include "../ops/elementwise.hpp"
 #include "../ops/indexing.hpp"
 #include "../random.hpp"
+#include "linear.hpp"
 
 namespace haliax::nn {
 
@@ -41,15 +42,22 @@ struct Embedding<VocabAx, EmbedAx, axes<P...>, T> {
     return m;
   }
 
-  /// Rows of the table for int32 ids of any axes: {ids..., Embed}.
+  using vocab_tag = std::remove_cvref_t<decltype(VocabAx)>;
+  using embed_tag = std::remove_cvref_t<decltype(EmbedAx)>;
+
+  /// Rows of the table for int32 ids of any axes but Embed: {ids..., Embed}. Ids that already have the Embed
+  /// axis fail at the call: `[with Present = haliax::axis_types<Embed>]`.
   template <class AxI>
-  requires(sizeof...(P) == 0) auto embed(const named_array<std::int32_t, AxI>& ids) const {
+  requires(sizeof...(P) == 0) && LacksAxes<axis_types_of<AxI>, axis_types<embed_tag>>
+  auto embed(const named_array<std::int32_t, AxI>& ids) const {
     return take(weight, VocabAx, ids);
   }
 
-  /// Logits against every row: contracts Embed, giving x's other axes then Vocab.
-  template <class X>
-  requires(sizeof...(P) == 0) auto unembed(const X& x) const { return dot(x, weight, EmbedAx); }
+  /// Logits against every row: contracts Embed, giving x's other axes then Vocab. `x` (element type T) must
+  /// have Embed and not Vocab (`LinearInput`), else it fails at the call naming the axis.
+  template <class AxX>
+  requires(sizeof...(P) == 0) && LinearInput<axis_types_of<AxX>, axis_types<embed_tag>, axis_types<vocab_tag>>
+  auto unembed(const named_array<T, AxX>& x) const { return dot(x, weight, EmbedAx); }
 };
 
 }  // namespace haliax::nn

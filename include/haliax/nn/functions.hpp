@@ -1559,7 +1559,7 @@ named_array<T, Axes> activation(const char* label, const named_array<T, Axes>& x
 
 /// `A` is an axis tag and one of the axes `Axes` of the array it is used with: `softmax(x, Vocab)`.
 template <class A, class Axes>
-concept AxisOf = AxisTag<A> && detail::has_axis_v<Axes, A>;
+concept AxisOf = AxisTag<A> && AxisIn<std::remove_cvref_t<A>, axis_types_of<Axes>>;
 
 /// `C` is an axis tag that is not yet an axis of `Axes` (the class axis `one_hot` appends).
 template <class C, class Axes>

@@ -22,6 +22,12 @@
 
 namespace haliax::nn {
 
+/// An input with axes `Have` suits a Linear from `In` to `Out` (all `axis_types<...>`): it has every In axis
+/// and no Out axis. A failure names the axes: `[with Missing = haliax::axis_types<Hidden>]` (an In axis the
+/// input lacks) or `[with Present = haliax::axis_types<Embed>]` (an Out axis it already has).
+template <class Have, class In, class Out>
+concept LinearInput = HasAxes<Have, In> && LacksAxes<Have, Out>;
+
 template <class In, class Out, class Pre = axes<>, class T = float>
 struct Linear;
 
@@ -32,6 +38,8 @@ template <auto... I, auto... O, auto... P, class T>
 struct Linear<axes<I...>, axes<O...>, axes<P...>, T> {
   using weight_type = named_array<T, axes<P..., I..., O...>>;
   using bias_type = named_array<T, axes<P..., O...>>;
+  using in_types = axis_types<std::remove_cvref_t<decltype(I)>...>;
+  using out_types = axis_types<std::remove_cvref_t<decltype(O)>...>;
 
   /// Upstream class name (`haliax.nn.Linear`): weight-decay masks also match the class path `<class_name>.<field>`.
   static constexpr std::string_view class_name = "Linear";
@@ -51,9 +59,11 @@ struct Linear<axes<I...>, axes<O...>, axes<P...>, T> {
     return m;
   }
 
-  /// Applies the layer to `x`, which must have every `In` axis and no `Out` axis.
-  template <class X>
-  requires(sizeof...(P) == 0) auto operator()(const X& x) const {
+  /// Applies the layer to `x` (element type T), which must have every `In` axis and no `Out` axis; the result
+  /// has x's other axes, then Out. A wrong input fails at the call, naming the axis (`LinearInput`).
+  template <class AxX>
+  requires(sizeof...(P) == 0) && LinearInput<axis_types_of<AxX>, in_types, out_types>
+  auto operator()(const named_array<T, AxX>& x) const {
     auto y = dot(x, weight, I...);
     if (bias) return add(y, *bias);
     return y;

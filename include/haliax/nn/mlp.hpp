@@ -6,8 +6,6 @@
 #pragma once
 
 #include <boost/hana/define_struct.hpp>
-#include <stdexcept>
-#include <string>
 #include <string_view>
 
 #include "../core.hpp"
@@ -43,6 +41,8 @@ struct Mlp;
 /// `haliax.nn.MLP` with one hidden layer). Parameters carry the stacking axes `Pre...`.
 template <auto EmbedAx, auto HiddenAx, auto... P, class T>
 struct Mlp<EmbedAx, HiddenAx, axes<P...>, T> {
+  using embed_tag = std::remove_cvref_t<decltype(EmbedAx)>;
+  using hidden_tag = std::remove_cvref_t<decltype(HiddenAx)>;
   using up_type = Linear<axes<EmbedAx>, axes<HiddenAx>, axes<P...>, T>;
   using down_type = Linear<axes<HiddenAx>, axes<EmbedAx>, axes<P...>, T>;
   /// Upstream class name (`haliax.nn.MLP`): weight-decay masks also match the class path `<class_name>.<field>`.
@@ -60,8 +60,14 @@ struct Mlp<EmbedAx, HiddenAx, axes<P...>, T> {
     return m;
   }
 
-  template <class X>
-  requires(sizeof...(P) == 0) auto operator()(const X& x) const { return c_proj(apply_activation(act, c_fc(x))); }
+  /// Applies the block to `x`, which must have the Embed axis and not the Hidden one (as `c_fc` needs); the
+  /// other axes are kept, Embed comes last. A wrong input fails at the call, naming the axis:
+  /// `[with Missing = haliax::axis_types<Embed>]`.
+  template <class AxX>
+  requires(sizeof...(P) == 0) && LinearInput<axis_types_of<AxX>, axis_types<embed_tag>, axis_types<hidden_tag>>
+  auto operator()(const named_array<T, AxX>& x) const {
+    return c_proj(apply_activation(act, c_fc(x)));
+  }
 };
 
 }  // namespace haliax::nn

@@ -39,8 +39,12 @@ struct LayerNorm<Ax, axes<P...>, T> {
     return m;
   }
 
-  template <class X>
-  requires(sizeof...(P) == 0) X operator()(const X& x) const {
+  /// Normalises `x` (element type T) over `Ax`, which must be one of its axes; same axes out. A wrong input
+  /// fails at the call, naming the axis: `[with Missing = haliax::axis_types<Embed>]`.
+  template <class AxX>
+  requires(sizeof...(P) == 0) && HasAxes<axis_types_of<AxX>, axis_types<std::remove_cvref_t<decltype(Ax)>>>
+  named_array<T, AxX> operator()(const named_array<T, AxX>& x) const {
+    using X = named_array<T, AxX>;
     X y = standardize(x, Ax, eps);
     if (weight) y = multiply(y, *weight);
     if (bias) y = add(y, *bias);
@@ -70,8 +74,12 @@ struct RmsNorm<Ax, axes<P...>, T> {
     return m;
   }
 
-  template <class X>
-  requires(sizeof...(P) == 0) X operator()(const X& x) const {
+  /// Normalises `x` (element type T) over `Ax`, which must be one of its axes; same axes out. A wrong input
+  /// fails at the call, naming the axis: `[with Missing = haliax::axis_types<Embed>]`.
+  template <class AxX>
+  requires(sizeof...(P) == 0) && HasAxes<axis_types_of<AxX>, axis_types<std::remove_cvref_t<decltype(Ax)>>>
+  named_array<T, AxX> operator()(const named_array<T, AxX>& x) const {
+    using X = named_array<T, AxX>;
     auto ms = mean(square(x), Ax);
     X y = multiply(x, rsqrt(add(ms, eps)));
     if (weight) y = multiply(y, *weight);

@@ -25,7 +25,9 @@
 #include <boost/hana/range.hpp>
 #include <boost/hana/second.hpp>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,7 +99,39 @@ void visit(S& s, const std::vector<L*>& ls, bool to_layers, F& f) {
   }
 }
 
+/// What a carry is compared by in `ReturnsCarry`: the axis tag types of an array (so that a note prints
+/// `axis_types<Batch, Embed>`, not `axes<{}, {}>`), the type itself otherwise.
+template <class C>
+struct carry_axes {
+  using type = C;
+};
+template <class T, class Axes>
+struct carry_axes<named_array<T, Axes>> {
+  using type = axis_types_of<Axes>;
+};
+
 }  // namespace detail::stacked
+
+/// `Returned` and `Carry` have the same axes in the same order (both `axis_types<...>`): the step of
+/// `ReturnsCarry` that names both lists.
+template <class Returned, class Carry>
+concept SameCarryAxes = std::is_same_v<Returned, Carry>;
+
+/// A layer function's result `Returned` is exactly the carry type `Carry`: for arrays the same axes in the
+/// same order and the same element type. A failure prints both axis lists:
+/// `[with Returned = haliax::axis_types<Batch, Hidden>; Carry = haliax::axis_types<Batch, Embed>]`.
+template <class Returned, class Carry>
+concept ReturnsCarry = SameCarryAxes<typename detail::stacked::carry_axes<Returned>::type,
+                                     typename detail::stacked::carry_axes<Carry>::type> &&
+    std::is_same_v<Returned, Carry>;
+
+/// `F` is a layer function for `Stacked<...>::fold` over layers of type `Layer`: `f(layer, carry, i)` (called
+/// as const, with a const layer, a const carry and the std::int64_t layer index) returns the next carry, of
+/// the carry's exact type.
+template <class F, class Layer, class Carry>
+concept LayerFunction = std::invocable<const F&, const Layer&, const Carry&, std::int64_t> &&
+    ReturnsCarry<std::remove_cvref_t<std::invoke_result_t<const F&, const Layer&, const Carry&, std::int64_t>>,
+                 Carry>;
 
 /// `Block<axes<>>` is one layer and `Block<axes<LayersAx>>` the same module with every parameter stacked on a
 /// leading Layers axis. Reflected names: `stacked.<block fields>` (as upstream).
@@ -194,9 +228,11 @@ struct Stacked {
     return layers;
   }
 
-  /// Runs the layers in order: `x = f(layer_i, x, i)` for i = 0..L-1, and returns the last x. `f` returns an
-  /// array of x's type. `policy` chooses what backward keeps (values and gradients do not change).
+  /// Runs the layers in order: `x = f(layer_i, x, i)` for i = 0..L-1, and returns the last x. `f` returns a
+  /// value of x's exact type (`LayerFunction`; a layer that changes the carry's axes fails at this call, naming
+  /// both axis lists). `policy` chooses what backward keeps (values and gradients do not change).
   template <class Carry, class F>
+  requires LayerFunction<F, layer_type, Carry>
   Carry fold(Carry x, F f, checkpoint_policy policy = checkpoint_policy::none) const {
     auto layers = unstack();
     const auto n = static_cast<std::int64_t>(layers.size());

@@ -25,10 +25,26 @@
 
 namespace haliax {
 
-/// `C...` can be contracted between arrays with axes `AxA` and `AxB`: each is an axis of both, listed once.
+namespace detail {
 template <class AxA, class AxB, class... C>
-concept DotContractible = (AxisTag<C> && ...) && detail::is_unique_v<detail::mp::mp_list<std::remove_cvref_t<C>...>> &&
-                          (AxisOf<C, AxA> && ...) && (AxisOf<C, AxB> && ...);
+struct dot_name_clash;
+template <class Out, class AxA, class AxB, class... C>
+struct dot_valid_order;
+}  // namespace detail
+
+/// `C...` can be contracted between arrays with axes `AxA` and `AxB`: each is an axis of both, listed once,
+/// and the axes the result keeps have distinct names. A failure names the axes:
+/// `[with Missing = haliax::axis_types<Mlp>]`, `[with NameClash = haliax::same_axis_name<{"embed"}, ...>]`.
+template <class AxA, class AxB, class... C>
+concept DotContractible = (AxisTag<C> && ...) && DistinctAxisNames<std::remove_cvref_t<C>...> &&
+    HasAxes<axis_types_of<AxA>, axis_types<std::remove_cvref_t<C>...>> &&
+    HasAxes<axis_types_of<AxB>, axis_types<std::remove_cvref_t<C>...>> &&
+    NoAxisNameClash<typename detail::dot_name_clash<AxA, AxB, C...>::type>;
+
+/// `Out` is `void` (the default order) or a valid full or partial (`ellipsis`) order of the axes a `dot` of
+/// `AxA` and `AxB` over `C...` keeps.
+template <class Out, class AxA, class AxB, class... C>
+concept DotOutputOrder = std::is_void_v<Out> || detail::dot_valid_order<Out, AxA, AxB, C...>::value;
 
 namespace detail {
 
@@ -49,6 +65,17 @@ struct dot_layout {
   using canonical = mp::mp_append<bat, m, n>;
   using default_out = mp::mp_append<difference<LA, LC>, n>;
 };
+
+template <class AxA, class AxB, class... C>
+struct dot_name_clash {
+  using layout = dot_layout<to_list<AxA>, to_list<AxB>, mp::mp_list<std::remove_cvref_t<C>...>>;
+  using type = name_clash_in<typename layout::default_out>;
+};
+template <class Out, class AxA, class AxB, class... C>
+struct dot_valid_order
+    : std::bool_constant<valid_order_v<
+          typename dot_layout<to_list<AxA>, to_list<AxB>, mp::mp_list<std::remove_cvref_t<C>...>>::default_out,
+          to_list<Out>>> {};
 
 /// Size of each axis in list `L`, looked up in `a` first, then `b`.
 template <class L, class TA, class AxA, class TB, class AxB>
@@ -110,11 +137,8 @@ struct dot_out_order<Default, void> {
 /// `dot(x {batch, embed}, w {embed, mlp}, Embed)` -> {batch, mlp}. Gradient (float types): g . b to a and
 /// a . g to b, contracted over the other operand's kept axes (see above).
 template <class Out = void, class T, class AxA, class AxB, class... C>
-requires NumericElement<T> && DotContractible<AxA, AxB, C...> &&(
-    std::is_void_v<Out> ||
-    detail::valid_order_v<
-        typename detail::dot_layout<detail::to_list<AxA>, detail::to_list<AxB>, detail::mp::mp_list<C...>>::default_out,
-        detail::to_list<Out>>)auto dot(const named_array<T, AxA>& a, const named_array<T, AxB>& b, C...) {
+requires NumericElement<T> && DotContractible<AxA, AxB, C...> && DotOutputOrder<Out, AxA, AxB, C...>
+auto dot(const named_array<T, AxA>& a, const named_array<T, AxB>& b, C...) {
   using LA = detail::to_list<AxA>;
   using LB = detail::to_list<AxB>;
   using L = detail::dot_layout<LA, LB, detail::mp::mp_list<std::remove_cvref_t<C>...>>;

@@ -24,10 +24,14 @@
 
 namespace haliax {
 
+/// One of the axis lists `A`, `B` (`axis_types<...>`) contains the other: the step of `BroadcastCompatible`
+/// that names both lists.
+template <class A, class B>
+concept NestedAxes = detail::subset_v<A, B> || detail::subset_v<B, A>;
+
 /// Axis lists that broadcast together: one contains the other.
 template <class AxA, class AxB>
-concept BroadcastCompatible = detail::subset_v<detail::to_list<AxA>, detail::to_list<AxB>> ||
-    detail::subset_v<detail::to_list<AxB>, detail::to_list<AxA>>;
+concept BroadcastCompatible = NestedAxes<axis_types_of<AxA>, axis_types_of<AxB>>;
 
 /// The axes of the result of broadcasting `AxA` with `AxB` (the superset, with its order).
 template <class AxA, class AxB>
