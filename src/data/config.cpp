@@ -83,3 +83,5 @@ void validate(config::validator& v, const LmDataConfig& d) {
 }
 
 }  // namespace levanter
+
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::LmDataConfig)

@@ -49,6 +49,13 @@ data::tokenizer open_tokenizer(const std::string& spec, const std::string& key, 
 
 }  // namespace
 
+bool is_local_tokenizer(const std::string& spec) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  return spec == "byte" || spec == "passthrough" || fs::is_regular_file(spec, ec) ||
+         fs::exists(fs::path(spec) / "tokenizer.json", ec);
+}
+
 std::vector<std::string> copy_tokenizer_files(const std::string& spec, const std::string& output_dir) {
   namespace fs = std::filesystem;
   if (spec == "byte" || spec == "passthrough") return {};
@@ -76,7 +83,11 @@ void write_imported_checkpoint(const ImportHfConfig& cfg, std::vector<checkpoint
   TrainLmConfig tc;
   tc.model = cfg.model;
   tc.data.vocab_size = vocab;
-  if (cfg.tokenizer) tc.data.tokenizer = *cfg.tokenizer;
+  // The tokenizer to record: the one given, else the Hugging Face directory's own tokenizer.json when it has one.
+  if (cfg.tokenizer)
+    tc.data.tokenizer = *cfg.tokenizer;
+  else if (std::filesystem::exists(std::filesystem::path(cfg.hf_checkpoint) / "tokenizer.json"))
+    tc.data.tokenizer = cfg.hf_checkpoint;
   files.push_back({"config.yaml", {}, config::to_yaml_string(tc)});
   const auto bytes = checkpoint::write_checkpoint(cfg.output_path, files, 0, false, std::chrono::system_clock::now(),
                                                   {{"source", cfg.hf_checkpoint}});
@@ -115,6 +126,13 @@ std::string run_export_lm_to_hf(const ConvertLmConfig& cfg, const config::source
     job.tokenizer = *cfg.tokenizer;
   else if (train_cfg)
     job.tokenizer = train_cfg->data.tokenizer;
+  if (job.tokenizer && !cfg.tokenizer && !detail::is_local_tokenizer(*job.tokenizer)) {
+    // The checkpoint's config names a tokenizer we cannot open here (a hub name such as upstream's default "gpt2").
+    out << "export_lm_to_hf: the checkpoint's data.tokenizer '" << *job.tokenizer
+        << "' is not a local tokenizer.json: config.json gets no bos_token_id / eos_token_id and no tokenizer files "
+           "are saved (give --tokenizer PATH to the tokenizer the model was trained with)\n";
+    job.tokenizer.reset();
+  }
   if (job.tokenizer) {
     const auto tok = detail::open_tokenizer(*job.tokenizer, cfg.tokenizer ? "tokenizer" : "the checkpoint's data.tokenizer",
                                             vocab);

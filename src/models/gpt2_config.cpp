@@ -42,3 +42,5 @@ void validate(config::validator& v, const Gpt2Config& m) {
 }
 
 }  // namespace levanter
+
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Gpt2Config)

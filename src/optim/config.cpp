@@ -48,3 +48,5 @@ void validate(config::validator& v, const AdamConfig& o) {
 }
 
 }  // namespace levanter
+
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::AdamConfig)

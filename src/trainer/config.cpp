@@ -129,3 +129,5 @@ void validate(config::validator& v, const TrainerConfig& t) {
 }
 
 }  // namespace levanter
+
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::TrainerConfig)

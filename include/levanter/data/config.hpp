@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include <levanter/config/section.hpp>
 #include <levanter/config/types.hpp>
 
 namespace levanter::config {
@@ -123,3 +124,6 @@ struct levanter::config::schema<levanter::LmDataConfig> {
       field("num_validation_sequences", &T::num_validation_sequences, "mixture validation sequences"),
       field("shuffle_buffer_size", &T::shuffle_buffer_size, "shuffle buffer size"));
 };
+
+// The YAML machinery of this section is compiled once, in src/data/config.cpp.
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::LmDataConfig)

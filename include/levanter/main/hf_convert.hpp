@@ -106,6 +106,9 @@ struct export_job {
   safetensors::dtype dtype = safetensors::dtype::F32;
 };
 
+/// Whether `spec` is a tokenizer this machine can open (byte, passthrough, a tokenizer.json or a directory with one).
+bool is_local_tokenizer(const std::string& spec);
+
 /// Copies the tokenizer's files into the export (save_tokenizer); returns the names copied.
 std::vector<std::string> copy_tokenizer_files(const std::string& spec, const std::string& output_dir);
 

@@ -3,6 +3,7 @@
 
 #include <tuple>
 
+#include <levanter/config/section.hpp>
 #include <levanter/config/types.hpp>
 
 namespace levanter::config {
@@ -92,3 +93,5 @@ struct levanter::config::schema<levanter::Gpt2Config> {
       field("cross_entropy_block_size", &T::cross_entropy_block_size, "vocabulary block of the fused LM-head cross-entropy (unset: plain)"));
 };
 
+// The YAML machinery of this section is compiled once, in src/models/gpt2_config.cpp.
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::Gpt2Config)

@@ -4,6 +4,7 @@
 
 #include <tuple>
 
+#include <levanter/config/section.hpp>
 #include <levanter/config/types.hpp>
 
 namespace levanter::config {
@@ -176,3 +177,6 @@ struct levanter::config::unsupported_choices<levanter::OptimizerChoice> {
       {"soap", "use type: adam"},     {"kron", "use type: adam"},
   };
 };
+
+// The YAML machinery of this section is compiled once, in src/optim/config.cpp.
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::AdamConfig)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <levanter/checkpoint/config.hpp>
+#include <levanter/config/section.hpp>
 #include <levanter/config/types.hpp>
 #include <levanter/tracker/config.hpp>
 
@@ -147,3 +148,6 @@ struct levanter::config::schema<levanter::TrainerConfig> {
       field("require_accelerator", &T::require_accelerator, "fail unless an accelerator is present"),
       field("shutdown_at_exit", &T::shutdown_at_exit, "shut the machine down at exit (refused)"));
 };
+
+// The YAML machinery of this section is compiled once, in src/trainer/config.cpp.
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::TrainerConfig)
