@@ -15,10 +15,10 @@
 #include <filesystem>
 #include <fstream>
 #include <levanter/compat/safetensors.hpp>
+#include <levanter/io/atomic_file.hpp>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <system_error>
 #include <tuple>
 
 namespace levanter::safetensors {
@@ -562,58 +562,13 @@ std::string header_json(const std::vector<const tensor_to_write*>& tensors,
   return h;
 }
 
-// Writes `pieces` to a fresh file beside `path`, fsyncs it, renames it over `path` and fsyncs the directory, so
-// `path` is either the old file or the complete new one, even across a crash.
-void write_atomic(const std::string& path, const std::vector<std::span<const unsigned char>>& pieces, const char* fn) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  auto sys_error = [&](const std::string& what) {
-    return std::system_error(errno, std::generic_category(), std::string(fn) + ": " + what);
-  };
-  static std::atomic<unsigned> counter{0};
-  struct temp_file {
-    int fd = -1;
-    std::string name;
-    bool renamed = false;
-    ~temp_file() {
-      if (fd >= 0) ::close(fd);
-      if (!name.empty() && !renamed) ::unlink(name.c_str());
-    }
-  } tmp;
-  for (int attempt = 0; tmp.fd < 0; ++attempt) {
-    auto name = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                        std::to_string(counter++)))
-                    .string();
-    int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0)
-      tmp.fd = fd, tmp.name = name;
-    else if (errno != EEXIST || attempt == 100)
-      throw sys_error("cannot create '" + name + "'");
-  }
-  for (auto piece : pieces) {
-    while (!piece.empty()) {
-      auto r = ::write(tmp.fd, piece.data(), std::min<std::size_t>(piece.size(), std::size_t{1} << 30));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw sys_error("cannot write '" + tmp.name + "'");
-      piece = piece.subspan(static_cast<std::size_t>(r));
-    }
-  }
-  if (::fsync(tmp.fd) != 0) throw sys_error("cannot fsync '" + tmp.name + "'");
-  int fd = tmp.fd;
-  tmp.fd = -1;
-  if (::close(fd) != 0) throw sys_error("cannot close '" + tmp.name + "'");
-  if (::rename(tmp.name.c_str(), path.c_str()) != 0)
-    throw sys_error("cannot rename '" + tmp.name + "' to '" + path + "'");
-  tmp.renamed = true;
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) throw sys_error("cannot open directory '" + dir.string() + "'");
-  // Some file systems cannot fsync a directory (EINVAL); the rename is then as durable as they make it.
-  int rc = ::fsync(dfd), err = errno;
-  ::close(dfd);
-  if (rc != 0 && err != EINVAL) {
-    errno = err;
-    throw sys_error("cannot fsync directory '" + dir.string() + "'");
+// Writes `pieces` with io::write_file_atomic (fsync of the file, rename, fsync of the directory), so `path` is either
+// the old file or the complete new one, even across a crash. A failure is a format_error naming `fn` and the file.
+void write_atomic(const std::string& path, std::span<const std::string_view> pieces, const char* fn) {
+  try {
+    io::write_file_atomic(path, pieces, {.sync = true});
+  } catch (const io::io_error& e) {
+    throw format_error(std::string(fn) + ": " + e.what());
   }
 }
 
@@ -622,9 +577,8 @@ void write_tensors(const std::string& path, const std::vector<const tensor_to_wr
   const std::string header = header_json(tensors, meta);
   unsigned char length[8];
   store_le(length, header.size(), 8);
-  std::vector<std::span<const unsigned char>> pieces{
-      {length, 8}, {reinterpret_cast<const unsigned char*>(header.data()), header.size()}};
-  for (const auto* t : tensors) pieces.emplace_back(t->data);
+  std::vector<std::string_view> pieces{{reinterpret_cast<const char*>(length), 8}, header};
+  for (const auto* t : tensors) pieces.emplace_back(reinterpret_cast<const char*>(t->data.data()), t->data.size());
   write_atomic(path, pieces, fn);
 }
 
@@ -676,8 +630,8 @@ std::vector<std::string> write_hf_dir(const std::string& dir, const std::vector<
     }
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", std::move(weight_map)}};
     const std::string text = index.dump(2) + "\n";
-    detail::write_atomic((fs::path(dir) / "model.safetensors.index.json").string(),
-                         {{reinterpret_cast<const unsigned char*>(text.data()), text.size()}}, fn);
+    const std::string_view index_text = text;
+    detail::write_atomic((fs::path(dir) / "model.safetensors.index.json").string(), {&index_text, 1}, fn);
     written.push_back("model.safetensors.index.json");
   }
   auto is_shard_name = [](const std::string& n) {  // model-DDDDD-of-DDDDD.safetensors

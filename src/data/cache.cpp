@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <levanter/data/cache.hpp>
+#include <levanter/io/atomic_file.hpp>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -78,22 +79,13 @@ std::int64_t file_size(int fd) {
   return static_cast<std::int64_t>(st.st_size);
 }
 
-// Writes `j` to `path` atomically: a temporary file, (fsync,) then rename.
+// Writes `j` to `path` atomically (io::write_file_atomic; with `sync`, the file and its directory are fsynced).
 void commit_json(const std::string& path, const nlohmann::json& j, bool sync) {
-  const std::string tmp = path + ".tmp";
-  const std::string s = j.dump(1);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw data_error("cache: cannot write '" + tmp + "': " + std::strerror(errno));
   try {
-    write_all(fd, s.data(), s.size(), 0, tmp);
-    if (sync) ::fdatasync(fd);
-  } catch (...) {
-    ::close(fd);
-    throw;
+    io::write_file_atomic(path, j.dump(1), {.sync = sync});
+  } catch (const io::io_error& e) {
+    throw data_error(std::string("cache: ") + e.what());
   }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw data_error("cache: cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
 }
 
 std::string short_json(const nlohmann::json* j) { return j ? j->dump() : std::string("(absent)"); }

@@ -28,7 +28,7 @@
 
 namespace levanter::safetensors {
 
-/// A malformed or unreadable file; the message names the file and the problem.
+/// A malformed or unreadable file, or one that cannot be written; the message names the file and the problem.
 struct format_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -109,7 +109,8 @@ std::vector<unsigned char> encode_floats(std::span<const float> values, dtype ty
 /// Writes one .safetensors file atomically: header keys and data in the order given, "__metadata__" first (left
 /// out when `metadata` is empty), the header padded with spaces to a multiple of 8 bytes. Throws
 /// std::invalid_argument for an invalid tensor (name empty, repeated or "__metadata__", data of the wrong size)
-/// and std::system_error when the file system fails.
+/// and format_error naming the file when the file system fails (the file is written with io::write_file_atomic,
+/// file and directory fsynced).
 void write_file(const std::string& path, const std::vector<tensor_to_write>& tensors,
                 const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
