@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <levanter/data/cache.hpp>
+#include <levanter/data/detail/tokenizer.hpp>
 #include <levanter/io/atomic_file.hpp>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -23,23 +24,89 @@
 
 namespace levanter::data {
 
-nlohmann::json tokenizer_metadata(const tokenizer& tok, bool enforce_bos, bool enforce_eos) {
-  return {{"tokenizer", tok.name()},
-          {"tokenizer_hash", tok.content_hash()},
-          {"vocab_size", tok.vocab_size()},
-          {"return_attention_mask", false},
-          {"padding", false},
-          {"append_bos", enforce_bos && tok.bos_id().has_value() && !tok.adds_bos()},
-          {"append_eos", enforce_eos && tok.eos_id().has_value() && !tok.adds_eos()}};
+// ---- upstream's BatchTokenizer (levanter/data/text.py) ---------------------------------------------------------
+
+namespace {
+
+struct bos_eos_plan {
+  bool bos = false, eos = false;
+};
+
+// BatchTokenizer.__init__: a token the tokenizer lacks is not enforced; the others are added when the probe
+// encode("hi there") (template applied) does not already start with BOS / end with EOS.
+bos_eos_plan plan_of(const tokenizer& tok, bool enforce_bos, bool enforce_eos) {
+  enforce_bos = enforce_bos && tok.bos_id().has_value();
+  enforce_eos = enforce_eos && tok.eos_id().has_value();
+  if (!enforce_bos && !enforce_eos) return {};
+  const auto probe = tok.encode("hi there");
+  return {enforce_bos && (probe.empty() || probe.front() != *tok.bos_id()),
+          enforce_eos && (probe.empty() || probe.back() != *tok.eos_id())};
 }
 
-encode_fn make_encode_fn(tokenizer tok, bool enforce_bos, bool enforce_eos) {
-  const bool bos = enforce_bos && tok.bos_id().has_value() && !tok.adds_bos();
-  const bool eos = enforce_eos && tok.eos_id().has_value() && !tok.adds_eos();
-  return [tok = std::move(tok), bos, eos](std::string_view text) {
-    auto ids = tok.encode(text);
-    if (bos) ids.insert(ids.begin(), *tok.bos_id());
-    if (eos) ids.push_back(*tok.eos_id());
+// BatchTokenizer._break_for_long_sequences for one document: while it is longer than `max_chars` characters (code
+// points), it is cut at the first white space (Unicode White_Space, what the `regex` module's \s matches) at or after
+// character `max_chars`, or at its end when there is none, which leaves an empty last piece, as upstream does.
+std::vector<std::string_view> split_long_text(std::string_view d, std::size_t max_chars) {
+  std::size_t chars = 0, len = 0;
+  for (std::size_t i = 0; i < d.size(); i += len, ++chars) detail::tok::next_cp(d.data(), d.size(), i, len);
+  std::vector<std::string_view> pieces;
+  while (chars > max_chars) {
+    std::size_t i = 0, k = 0;
+    for (; k < max_chars; ++k, i += len) detail::tok::next_cp(d.data(), d.size(), i, len);
+    std::size_t split = d.size(), split_chars = chars;
+    for (; i < d.size(); ++k, i += len)
+      if (detail::tok::cp_class(detail::tok::next_cp(d.data(), d.size(), i, len)) == detail::tok::cls_space) {
+        split = i;
+        split_chars = k;
+        break;
+      }
+    pieces.push_back(d.substr(0, split));
+    d.remove_prefix(split);
+    chars -= split_chars;
+  }
+  pieces.push_back(d);
+  return pieces;
+}
+
+}  // namespace
+
+nlohmann::json tokenizer_metadata(const tokenizer& tok, bool enforce_bos, bool enforce_eos) {
+  const auto plan = plan_of(tok, enforce_bos, enforce_eos);
+  nlohmann::json m = {{"tokenizer", tok.name()},
+                      {"tokenizer_hash", tok.content_hash()},
+                      {"vocab_size", tok.vocab_size()},
+                      {"return_attention_mask", false},
+                      {"padding", false},
+                      {"append_bos", plan.bos},
+                      {"append_eos", plan.eos}};
+  // Caches built before BOS/EOS were added as text (with their ids appended instead) lack this key and are refused.
+  if (!tok.is_builtin()) m["bos_eos_as_text"] = true;
+  return m;
+}
+
+encode_fn make_encode_fn(tokenizer tok, bool enforce_bos, bool enforce_eos, std::size_t long_text_chars) {
+  const auto plan = plan_of(tok, enforce_bos, enforce_eos);
+  if (tok.is_builtin()) {  // ours, no upstream equivalent: the ids themselves (the byte-level EOS has no text)
+    return [tok = std::move(tok), plan](std::string_view text) {
+      auto ids = tok.encode(text);
+      if (plan.bos) ids.insert(ids.begin(), *tok.bos_id());
+      if (plan.eos) ids.push_back(*tok.eos_id());
+      return ids;
+    };
+  }
+  const std::string prefix = plan.bos ? *tok.bos_token() + " " : std::string();
+  const std::string suffix = plan.eos ? " " + *tok.eos_token() : std::string();
+  const std::size_t split = tok.splits_long_texts() ? long_text_chars : 0;
+  return [tok = std::move(tok), prefix, suffix, split](std::string_view text) {
+    std::string d;
+    d.reserve(prefix.size() + text.size() + suffix.size());
+    d.append(prefix).append(text).append(suffix);
+    if (split == 0) return tok.encode(d);
+    std::vector<std::int32_t> ids;
+    for (const auto piece : split_long_text(d, split)) {
+      const auto p = tok.encode(piece);
+      ids.insert(ids.end(), p.begin(), p.end());
+    }
     return ids;
   };
 }

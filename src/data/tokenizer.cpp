@@ -571,7 +571,9 @@ struct impl {
   string_map added_by_content;
   std::vector<std::int32_t> prefix_ids, suffix_ids;
   std::optional<std::int32_t> bos, eos;
+  std::string bos_text, eos_text;  // the tokens as written (Hugging Face's bos_token / eos_token)
   bool adds_bos = false, adds_eos = false;
+  bool long_text_workaround = false;  // the normalizer is Replace or a Sequence
 
   // ---- encoding ----
 
@@ -1349,7 +1351,11 @@ struct loader {
         if (j.contains(key) && !j[key].is_null())
           fail(std::string(key) + " " + show(j[key]) + " is not supported (must be null)");
       model(t, j.at("model"));
-      normalizer(t, j.value("normalizer", nlohmann::json()), "normalizer");
+      const auto norm = j.value("normalizer", nlohmann::json());
+      normalizer(t, norm, "normalizer");
+      // What upstream's BatchTokenizer._needs_long_sequence_workaround tests: the normalizer's Python class.
+      t.long_text_workaround =
+          norm.is_object() && (norm.value("type", "") == "Replace" || norm.value("type", "") == "Sequence");
       pre_tokenizer(t, j.value("pre_tokenizer", nlohmann::json()), "pre_tokenizer");
       post_processor(t, j.value("post_processor", nlohmann::json()), "post_processor");
       decoder(t, j.value("decoder", nlohmann::json()), "decoder");
@@ -1448,15 +1454,21 @@ struct loader {
         if (c[key].is_object() && c[key].contains("content")) return c[key]["content"].get<std::string>();
         return std::nullopt;
       };
-      if (auto n = name_of("bos_token")) t.bos = id_of(*n);
-      if (auto n = name_of("eos_token")) t.eos = id_of(*n);
+      if (auto n = name_of("bos_token"); n && (t.bos = id_of(*n))) t.bos_text = *n;
+      if (auto n = name_of("eos_token"); n && (t.eos = id_of(*n))) t.eos_text = *n;
     }
     if (!t.bos)
       for (const char* s : {"<|begin_of_text|>", "<s>", "<|startoftext|>", "<bos>"})
-        if ((t.bos = id_of(s))) break;
+        if ((t.bos = id_of(s))) {
+          t.bos_text = s;
+          break;
+        }
     if (!t.eos)
       for (const char* s : {"<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>"})
-        if ((t.eos = id_of(s))) break;
+        if ((t.eos = id_of(s))) {
+          t.eos_text = s;
+          break;
+        }
     auto has = [](const std::vector<std::int32_t>& v, std::optional<std::int32_t> x) {
       return x && std::find(v.begin(), v.end(), *x) != v.end();
     };
@@ -1544,6 +1556,16 @@ std::optional<std::int32_t> tokenizer::bos_id() const { return p_->bos; }
 std::optional<std::int32_t> tokenizer::eos_id() const { return p_->eos; }
 bool tokenizer::adds_bos() const { return p_->adds_bos; }
 bool tokenizer::adds_eos() const { return p_->adds_eos; }
+std::optional<std::string> tokenizer::bos_token() const {
+  if (p_->kind != detail::tok::impl::bpe || !p_->bos) return std::nullopt;
+  return p_->bos_text;
+}
+std::optional<std::string> tokenizer::eos_token() const {
+  if (p_->kind != detail::tok::impl::bpe || !p_->eos) return std::nullopt;
+  return p_->eos_text;
+}
+bool tokenizer::splits_long_texts() const { return p_->long_text_workaround; }
+bool tokenizer::is_builtin() const { return p_->kind != detail::tok::impl::bpe; }
 const std::string& tokenizer::name() const { return p_->name; }
 std::string tokenizer::content_hash() const { return p_->hash; }
 

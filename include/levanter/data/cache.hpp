@@ -7,14 +7,14 @@
 //   <split>/input_ids/data.bin      int32 little-endian tokens of all rows, concatenated
 //   <split>/input_ids/offsets.bin   int64 little-endian exclusive end (in tokens) of each row
 //
-// A row is a document: the tokens `encode(text)` returned for it (BOS/EOS are the encode function's business).
+// A row is a document: the tokens `encode(text)` returned for it (BOS/EOS are the encode function's business; see
+// make_encode_fn for upstream's rule).
 // Output bytes depend only on the files, the encode function and the options recorded in the metadata, never on
 // the thread count or on where a build was interrupted.
 //
 //   auto cache = levanter::data::open_or_build_cache("cache/train", files, src, encode, metadata, {});
 //   cache->wait_for_tokens(seq_len * batch);  // training may start now
 //   cache->read_tokens(0, seq_len, buf.data());
-#pragma once
 //
 // nlohmann::json is only declared here (<nlohmann/json_fwd.hpp>); include <nlohmann/json.hpp> to build or read the
 // metadata.
@@ -44,14 +44,22 @@ struct cache_options {
 /// The function that turns a document into its row of tokens; called from several threads at once.
 using encode_fn = std::function<std::vector<std::int32_t>(std::string_view)>;
 
-/// Upstream `BatchTokenizer`'s preprocessor metadata for a tokenizer. A cache built with one metadata is refused
-/// under another, so every program that opens caches must use this function.
+/// Upstream `BatchTokenizer`'s preprocessor metadata for a tokenizer (`append_bos`/`append_eos` as make_encode_fn
+/// decides them), plus `tokenizer_hash` and, for Hugging Face tokenizers, `bos_eos_as_text: true` (caches built
+/// when the ids were appended instead lack it). A cache built with one metadata is refused under another, so every
+/// program that opens caches must use this function.
 nlohmann::json tokenizer_metadata(const tokenizer& tok, bool enforce_bos, bool enforce_eos);
 
-/// The encode function of upstream `BatchTokenizer`: `tok.encode(text)` (special tokens added as the tokenizer's
-/// post-processor says), then BOS in front / EOS at the end when `tokenizer_metadata` says `append_bos`/`append_eos`.
-/// (Upstream appends the EOS *text* after a space and tokenizes; we append the id, which skips the extra space token.)
-encode_fn make_encode_fn(tokenizer tok, bool enforce_bos, bool enforce_eos);
+/// The encode function of upstream `BatchTokenizer` (text data: `enforce_bos` true, `enforce_eos` from
+/// `data.enforce_eos`). A token the tokenizer lacks is not enforced; BOS / EOS are added when the probe
+/// `tok.encode("hi there")` (template applied) does not already start / end with them. For a Hugging Face tokenizer
+/// they are added as text, as upstream does: `bos_token + " " + text + " " + eos_token` is encoded (special tokens
+/// are split out first), so with a GPT-2 byte-level BPE a document becomes [BOS] + encode(" " + text + " ") + [EOS].
+/// When the normalizer is `Replace` or a `Sequence` (tokenizer::splits_long_texts), a text longer than
+/// `long_text_chars` characters (code points; upstream's 10,000) is encoded in pieces, each cut at the first white
+/// space at or after that many characters, and the ids concatenated (each piece gets the template's tokens).
+/// The built-ins keep their ids: "byte" appends its EOS id 256, "passthrough" has no BOS/EOS.
+encode_fn make_encode_fn(tokenizer tok, bool enforce_bos, bool enforce_eos, std::size_t long_text_chars = 10000);
 
 /// A tokenized cache being built or already finished. Reads are thread-safe and see only committed rows (the
 /// counts are published with release/acquire after the bytes are written). Destroying it stops an unfinished build

@@ -83,6 +83,8 @@ class lm_data {
   const tokenizer& tok() const { return tok_; }
   const std::vector<dataset_spec>& specs() const { return specs_; }
   const std::vector<validation_set>& validation_sets() const { return valid_; }
+  /// The training windows of dataset `i` of specs() (null when it has no train_urls).
+  const std::shared_ptr<cache_windows>& train_windows(std::size_t i) const { return train_.at(i); }
   bool is_mixture() const { return mixture_.has_value(); }
   std::int64_t seq_len() const { return seq_len_; }
 

@@ -74,6 +74,15 @@ class tokenizer {
   /// Whether encode(text, true) adds the BOS / EOS (from the post-processor's template).
   bool adds_bos() const;
   bool adds_eos() const;
+  /// The BOS / EOS token as text (Hugging Face's `bos_token` / `eos_token`), which encode() turns into its id;
+  /// nullopt when there is none and for the built-ins (the byte-level EOS, id 256, has no text).
+  std::optional<std::string> bos_token() const;
+  std::optional<std::string> eos_token() const;
+  /// Whether upstream's long-text workaround applies (tokenizers issue 1495): the tokenizer.json normalizer is a
+  /// `Replace` or a `Sequence` (e.g. SentencePiece/Llama 2 style). See data/cache.hpp make_encode_fn.
+  bool splits_long_texts() const;
+  /// True for the built-ins ("byte", "passthrough"), which no tokenizer file describes.
+  bool is_builtin() const;
   /// The path given to from_file, "byte", or "passthrough".
   const std::string& name() const;
   /// SHA-256 (hex) of the tokenizer file's bytes (of a fixed description for the built-ins).

@@ -13,6 +13,9 @@ namespace levanter::data::detail::tok {
 
 enum : std::uint8_t { cls_other = 0, cls_letter = 1, cls_number = 2, cls_space = 3 };
 
+/// Decodes the character at s[i] (i < n); returns it and sets `len`. An invalid byte is U+FFFD of length 1.
+char32_t next_cp(const char* s, std::size_t n, std::size_t i, std::size_t& len);
+
 /// The class of a code point: letter (\p{L}), number (\p{N}), white space (\s) or other (unicode_tables.hpp).
 std::uint8_t cp_class(char32_t c);
 
