@@ -13,7 +13,7 @@
 //   auto files = levanter::data::expand_urls({"data/shard-{000..015}.jsonl.zst"});
 //   auto stats = levanter::data::read_documents(files, src, [](std::string_view text) { ... });
 //
-// The binary needs zlib and libzstd (`-lz -lzstd`).
+// The decompression (zlib, libzstd) is in src/data/sources.cpp; levanter::levanter links both libraries.
 #pragma once
 
 #include <cstdint>
