@@ -39,8 +39,8 @@ std::uint8_t cp_class(char32_t c) {
     return t;
   }();
   if (c < 128) return ascii[c];
-  const auto b = unicode_class_ranges.begin();
-  const auto e = unicode_class_ranges.end();
+  const unicode_range* b = unicode_class_ranges;
+  const unicode_range* e = unicode_class_ranges + unicode_class_range_count;
   auto it = std::upper_bound(b, e, static_cast<std::uint32_t>(c),
                              [](std::uint32_t v, const unicode_range& r) { return v < r.first; });
   if (it == b) return static_cast<std::uint8_t>(cls_other);

@@ -3,10 +3,11 @@
 // scanners: 1 = letter (\p{L}), 2 = number (\p{N}), 3 = white space (\s, Unicode White_Space).
 #include <levanter/data/unicode_tables.hpp>
 
+#include <iterator>
+
 namespace levanter::data::detail {
 
-namespace {
-constexpr unicode_range ranges[831] = {
+constexpr unicode_range unicode_class_ranges[] = {
     {0x9, 0xD, 3}, {0x20, 0x20, 3}, {0x30, 0x39, 2}, {0x41, 0x5A, 1}, {0x61, 0x7A, 1}, {0x85, 0x85, 3},
     {0xA0, 0xA0, 3}, {0xAA, 0xAA, 1}, {0xB2, 0xB3, 2}, {0xB5, 0xB5, 1}, {0xB9, 0xB9, 2}, {0xBA, 0xBA, 1},
     {0xBC, 0xBE, 2}, {0xC0, 0xD6, 1}, {0xD8, 0xF6, 1}, {0xF8, 0x2C1, 1}, {0x2C6, 0x2D1, 1}, {0x2E0, 0x2E4, 1},
@@ -168,9 +169,9 @@ constexpr unicode_range ranges[831] = {
     {0x1FBF0, 0x1FBF9, 2}, {0x20000, 0x2A6DF, 1}, {0x2A700, 0x2B739, 1}, {0x2B740, 0x2B81D, 1}, {0x2B820, 0x2CEA1, 1},
     {0x2CEB0, 0x2EBE0, 1}, {0x2EBF0, 0x2EE5D, 1}, {0x2F800, 0x2FA1D, 1}, {0x30000, 0x3134A, 1}, {0x31350, 0x323AF, 1},
 };
-}  // namespace
+constexpr std::size_t unicode_class_range_count = 831;
+static_assert(std::size(unicode_class_ranges) == unicode_class_range_count);
 
 const char* const unicode_tables_version = "16.0.0";
-constinit const std::span<const unicode_range> unicode_class_ranges{ranges};
 
 }  // namespace levanter::data::detail
