@@ -21,6 +21,7 @@
 #include <levanter/data/cache.hpp>
 #include <levanter/data/permutation.hpp>
 #include <levanter/data/tokenizer.hpp>
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 namespace data = levanter::data;

@@ -12,6 +12,7 @@
 #include <levanter/config/cli.hpp>
 #include <levanter/data/cache.hpp>
 #include <levanter/data/tokenizer.hpp>
+#include <nlohmann/json.hpp>
 
 namespace levanter {
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <levanter/data/cache.hpp>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>

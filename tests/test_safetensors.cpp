@@ -438,7 +438,13 @@ TEST_CASE("write_file refuses invalid tensors and replaces files atomically") {
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(dir.path)) left.push_back(e.path().filename().string());
   CHECK(left == std::vector<std::string>{"w.safetensors"});  // no temporary file left behind
-  CHECK_THROWS_AS(st::write_file(dir / "no/such/dir/x.safetensors", {}), std::system_error);
+  CHECK_THROWS_AS(st::write_file(dir / "no/such/dir/x.safetensors", {}), st::format_error);
+  try {
+    st::write_file(dir / "no/such/dir/x.safetensors", {});
+  } catch (const st::format_error& e) {
+    CHECK(std::string(e.what()).find("levanter::safetensors::write_file: cannot write '") == 0);
+    CHECK(std::string(e.what()).find("no/such/dir/x.safetensors'") != std::string::npos);
+  }
 }
 
 TEST_CASE("hf_dir round trip of a single model.safetensors") {

@@ -4,6 +4,7 @@
 // event_writer test leaves its logdir there for tests/oracle/check_tensorboard.py.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <levanter/data/detail/tokenizer.hpp>
 #include <levanter/data/text.hpp>
 #include <levanter/data/tokenizer.hpp>
 #include <nlohmann/json.hpp>

@@ -13,13 +13,13 @@
 
 #include <cmath>
 #include <cstdint>
-#include <nlohmann/json.hpp>
-#include <span>
-#include <string>
-#include <vector>
-
 #include <haliax/tree.hpp>
 #include <levanter/tracker/tracker.hpp>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace levanter::watch {
 
@@ -33,23 +33,10 @@ struct options {
 
 /// `transformer.blocks.stacked.attn.c_attn.weight` (or with '/') -> (`transformer.blocks`, `attn.c_attn.weight`);
 /// no stacked part -> (dotted path, "").
-inline std::pair<std::string, std::string> split_stacked(const std::string& path) {
-  auto dots = [](std::string s) {
-    for (auto& c : s)
-      if (c == '/') c = '.';
-    return s;
-  };
-  const std::string p = dots(path);
-  const auto at = p.find(".stacked.");
-  if (at == std::string::npos) return {p, ""};
-  return {p.substr(0, at), p.substr(at + 9)};
-}
+std::pair<std::string, std::string> split_stacked(const std::string& path);
 
-inline double sum_squares(std::span<const float> v) {
-  double s = 0;
-  for (float f : v) s += double(f) * double(f);
-  return s;
-}
+/// Σ v², accumulated in double in element order.
+double sum_squares(std::span<const float> v);
 
 /// Logs the statistics of `tree` into `metrics` (norms) and `trk` (histograms) at `step`.
 template <class M>
@@ -62,8 +49,8 @@ void summarize(const std::string& prefix, const M& tree, const options& o, json&
       const std::span<const float> all(leaf.data(), static_cast<std::size_t>(leaf.element_count()));
       const auto [outer, inner] = split_stacked(name);
       const auto names = L::axis_names();
-      const bool per_layer = o.split_scan_layers && !inner.empty() && L::rank > 0 && names[0] == "layers" &&
-                             leaf.sizes()[0] > 0;
+      const bool per_layer =
+          o.split_scan_layers && !inner.empty() && L::rank > 0 && names[0] == "layers" && leaf.sizes()[0] > 0;
       auto emit = [&](const std::string& key, std::span<const float> v) {
         const double ss = sum_squares(v);
         if (o.include_norms && o.include_per_parameter_norms) metrics[prefix + "/norm/" + key] = std::sqrt(ss);

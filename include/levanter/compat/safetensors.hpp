@@ -12,41 +12,23 @@
 //   levanter::safetensors::write_file("model.safetensors", {{"wte", dtype::BF16, {vocab, embed}, w}});
 //   std::vector<float> wte = levanter::safetensors::file("model.safetensors").read_f32("wte");
 #pragma once
+#pragma once
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <array>
-#include <atomic>
-#include <bit>
-#include <cerrno>
-#include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <limits>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <system_error>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 namespace levanter::safetensors {
 
-/// A malformed or unreadable file; the message names the file and the problem.
+/// A malformed or unreadable file, or one that cannot be written; the message names the file and the problem.
 struct format_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -54,48 +36,12 @@ struct format_error : std::runtime_error {
 /// Element types, spelled as in the file ("F32", "BF16", ...).
 enum class dtype { BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64 };
 
-namespace detail {
-struct dtype_row {
-  std::string_view name;
-  std::size_t size;
-};
-inline constexpr std::array<dtype_row, 15> dtypes{{{"BOOL", 1},
-                                                   {"U8", 1},
-                                                   {"I8", 1},
-                                                   {"F8_E5M2", 1},
-                                                   {"F8_E4M3", 1},
-                                                   {"I16", 2},
-                                                   {"U16", 2},
-                                                   {"F16", 2},
-                                                   {"BF16", 2},
-                                                   {"I32", 4},
-                                                   {"U32", 4},
-                                                   {"F32", 4},
-                                                   {"I64", 8},
-                                                   {"U64", 8},
-                                                   {"F64", 8}}};
-inline constexpr std::uint64_t max_header_bytes = 100'000'000;  // the reference implementation's limit
-inline constexpr int max_depth = 3;                             // root object > tensor entry > shape array
-// numpy's limit; without one, `[0,0,...]` would cost 8 bytes of shape per 2 bytes of header.
-inline constexpr std::size_t max_rank = 64;
-}  // namespace detail
-
 /// "F32" for dtype::F32; "?" for a value outside the enumeration.
-inline std::string_view dtype_name(dtype t) {
-  auto i = static_cast<std::size_t>(t);
-  return i < detail::dtypes.size() ? detail::dtypes[i].name : std::string_view("?");
-}
+std::string_view dtype_name(dtype t);
 /// The dtype spelled `name` (case-sensitive, as in files), or nullopt.
-inline std::optional<dtype> dtype_from_name(std::string_view name) {
-  for (std::size_t i = 0; i < detail::dtypes.size(); ++i)
-    if (detail::dtypes[i].name == name) return static_cast<dtype>(i);
-  return std::nullopt;
-}
+std::optional<dtype> dtype_from_name(std::string_view name);
 /// Bytes per element; 0 for a value outside the enumeration.
-inline std::size_t dtype_size(dtype t) {
-  auto i = static_cast<std::size_t>(t);
-  return i < detail::dtypes.size() ? detail::dtypes[i].size : 0;
-}
+std::size_t dtype_size(dtype t);
 
 /// One tensor of a parsed header; [begin, end) are byte offsets into the data buffer.
 struct tensor_info {
@@ -117,433 +63,28 @@ struct header_info {
   std::uint64_t data_start = 0;
 };
 
-namespace detail {
-
-// Names in messages come from the file: quote them, escape what a terminal would interpret, and cut them short.
-inline std::string quote(std::string_view s, std::size_t keep = 80) {
-  std::string out = "'";
-  for (std::size_t i = 0; i < s.size() && i < keep; ++i) {
-    auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f || c == '\\' || c == '\'') {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (s.size() > keep) out += "...";
-  return out + "'";
-}
-
-inline std::string shape_string(const std::vector<std::int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i == 8) return out + ", ... (" + std::to_string(shape.size()) + " dims)]";
-    out += (i ? ", " : "") + std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
-[[noreturn]] inline void fail(const std::string& what, const std::string& problem) {
-  throw format_error("safetensors: " + quote(what, 4096) + ": " + problem);
-}
-
-inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
-  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return false;
-  out = a * b;
-  return true;
-}
-
-// Offset of the first byte that does not belong to a well-formed UTF-8 sequence (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF), or npos.
-inline std::size_t utf8_error(std::span<const unsigned char> s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    unsigned c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    if (c < 0xc2 || c > 0xf4) return i;
-    const std::size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
-    const unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;  // the second byte's range (Unicode table 3-7)
-    const unsigned hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
-    if (s.size() - i < len || s[i + 1] < lo || s[i + 1] > hi) return i;
-    for (std::size_t k = 2; k < len; ++k)
-      if (s[i + k] < 0x80 || s[i + k] > 0xbf) return i;
-    i += len;
-  }
-  return std::string_view::npos;
-}
-inline bool valid_utf8(std::string_view s) {
-  return utf8_error({reinterpret_cast<const unsigned char*>(s.data()), s.size()}) == std::string_view::npos;
-}
-
-// Checks the header against the schema while nlohmann's parser reads it, so nothing is built that a valid header
-// would not need: a DOM of `[0,0,0,...]` would cost 16 bytes per 2 bytes of input.
-class header_sax {
- public:
-  using json = nlohmann::json;
-  std::string error;  // the first problem; parsing stops there
-  std::vector<tensor_info> tensors;
-  std::map<std::string, std::string> metadata;
-
-  bool null() { return mistyped("null"); }
-  bool boolean(bool) { return mistyped("a boolean"); }
-  bool number_integer(std::int64_t v) {
-    return v < 0 ? mistyped("a negative integer") : integer(static_cast<std::uint64_t>(v));
-  }
-  bool number_unsigned(std::uint64_t v) { return integer(v); }
-  bool number_float(double, const std::string&) { return mistyped("a non-integer or out-of-range number"); }
-  bool binary(json::binary_t&) { return mistyped("binary"); }
-  bool string(std::string& s) {
-    if (at_ == at::entry && field_ == "dtype") {
-      auto t = dtype_from_name(s);
-      if (!t) return fail(entry() + "unknown dtype " + quote(s));
-      tensors.back().type = *t;
-      return true;
-    }
-    if (at_ == at::metadata) {
-      metadata.emplace(std::move(field_), std::move(s));
-      return true;
-    }
-    return mistyped("a string");
-  }
-  bool start_object(std::size_t) {
-    if (++depth_ > max_depth) return too_deep();
-    if (at_ == at::top) {
-      at_ = at::root;
-    } else if (at_ == at::root && name_ == "__metadata__") {
-      if (have_metadata_) return fail("duplicate key '__metadata__'");
-      have_metadata_ = true;
-      at_ = at::metadata;
-    } else if (at_ == at::root) {
-      tensors.push_back({std::move(name_), dtype::F32, {}, 0, 0});
-      seen_ = 0;
-      at_ = at::entry;
-    } else {
-      return mistyped("an object");
-    }
-    return true;
-  }
-  bool key(std::string& k) {
-    if (at_ == at::root) {
-      if (k.empty()) return fail("empty tensor name");
-      name_ = std::move(k);
-    } else if (at_ == at::entry) {
-      unsigned bit = k == "dtype" ? 1u : k == "shape" ? 2u : k == "data_offsets" ? 4u : 0u;
-      if (!bit) return fail(entry() + "unexpected field " + quote(k));
-      if (seen_ & bit) return fail(entry() + "duplicate field " + quote(k));
-      seen_ |= bit;
-      field_ = std::move(k);
-    } else {  // metadata
-      if (metadata.count(k)) return fail("duplicate __metadata__ key " + quote(k));
-      field_ = std::move(k);
-    }
-    return true;
-  }
-  bool end_object() {
-    --depth_;
-    if (at_ == at::entry) {
-      at_ = at::root;
-      return complete(tensors.back());
-    }
-    at_ = at_ == at::metadata ? at::root : at::end;
-    return true;
-  }
-  bool start_array(std::size_t) {
-    if (++depth_ > max_depth) return too_deep();
-    if (at_ == at::entry && field_ == "shape") {
-      at_ = at::shape;
-    } else if (at_ == at::entry && field_ == "data_offsets") {
-      at_ = at::offsets;
-      offsets_ = 0;
-    } else {
-      return mistyped("an array");
-    }
-    return true;
-  }
-  bool end_array() {
-    --depth_;
-    if (at_ == at::offsets && offsets_ != 2)
-      return fail(entry() + "data_offsets has " + std::to_string(offsets_) + " entries, not 2");
-    at_ = at::entry;
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    return fail(std::string("header is not valid JSON: ") + e.what());
-  }
-
- private:
-  enum class at { top, root, entry, metadata, shape, offsets, end };
-  at at_ = at::top;
-  int depth_ = 0;
-  std::string name_;   // the root key whose value comes next
-  std::string field_;  // the entry field or metadata key whose value comes next
-  unsigned seen_ = 0;  // entry fields seen: dtype 1, shape 2, data_offsets 4
-  bool have_metadata_ = false;
-  int offsets_ = 0;
-
-  bool fail(std::string problem) {
-    if (error.empty()) error = std::move(problem);
-    return false;
-  }
-  std::string entry() const { return "tensor " + quote(tensors.back().name) + ": "; }
-  bool too_deep() { return fail("JSON nesting deeper than " + std::to_string(max_depth) + " levels"); }
-  bool mistyped(const std::string& got) {
-    switch (at_) {
-      case at::top:
-        return fail("header is " + got + ", not a JSON object");
-      case at::root:
-        if (name_ == "__metadata__") return fail("__metadata__ is " + got + ", not an object");
-        return fail("tensor " + quote(name_) + ": entry is " + got + ", not an object");
-      case at::entry:
-        return fail(entry() + field_ + " is " + got + ", not " + (field_ == "dtype" ? "a string" : "an array"));
-      case at::metadata:
-        return fail("__metadata__ value for key " + quote(field_) + " is " + got + ", not a string");
-      case at::shape:
-      case at::offsets:
-        return fail(entry() + (at_ == at::shape ? "shape" : "data_offsets") + " entry is " + got +
-                    ", not a non-negative integer");
-      case at::end:
-        break;
-    }
-    return fail("unexpected " + got + " after the header object");
-  }
-  bool integer(std::uint64_t v) {
-    if (at_ == at::shape) {
-      if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        return fail(entry() + "shape entry " + std::to_string(v) + " overflows int64");
-      if (tensors.back().shape.size() == max_rank)
-        return fail(entry() + "shape has more than " + std::to_string(max_rank) + " dimensions");
-      tensors.back().shape.push_back(static_cast<std::int64_t>(v));
-      return true;
-    }
-    if (at_ == at::offsets) {
-      if (offsets_ == 2) return fail(entry() + "data_offsets has more than 2 entries");
-      (offsets_++ == 0 ? tensors.back().begin : tensors.back().end) = v;
-      return true;
-    }
-    return mistyped("an integer");
-  }
-  bool complete(const tensor_info& t) {
-    static constexpr const char* field_names[] = {"dtype", "shape", "data_offsets"};
-    for (unsigned i = 0; i < 3; ++i)
-      if (!(seen_ & (1u << i))) return fail(entry() + "missing field '" + field_names[i] + "'");
-    std::uint64_t numel = 1, bytes = 0;
-    for (auto d : t.shape)
-      if (!checked_mul(numel, static_cast<std::uint64_t>(d), numel) ||
-          numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        return fail(entry() + "shape " + shape_string(t.shape) + " overflows the element count");
-    if (!checked_mul(numel, dtype_size(t.type), bytes))
-      return fail(entry() + "shape " + shape_string(t.shape) + " overflows the byte count");
-    if (t.begin > t.end)
-      return fail(entry() + "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
-                  "] begin after end");
-    if (t.end - t.begin != bytes)
-      return fail(entry() + "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] hold " +
-                  std::to_string(t.end - t.begin) + " bytes, but " + std::string(dtype_name(t.type)) + " " +
-                  shape_string(t.shape) + " needs " + std::to_string(bytes));
-    return true;
-  }
-};
-
-inline std::uint64_t load_le(const unsigned char* p, int n) {
-  std::uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-inline void store_le(unsigned char* p, std::uint64_t v, int n) {
-  for (int i = 0; i < n; ++i, v >>= 8) p[i] = static_cast<unsigned char>(v & 0xff);
-}
-
-inline float f16_to_f32(std::uint32_t h) {
-  std::uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  if (e == 0) {
-    float v = std::ldexp(static_cast<float>(m), -24);
-    return sign ? -v : v;
-  }
-  std::uint32_t bits = e == 31 ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112) << 23) | (m << 13));
-  return std::bit_cast<float>(bits);
-}
-
-// Round to nearest, ties to even; NaN stays NaN (quiet, keeping the top payload bits).
-inline std::uint16_t f32_to_f16(float f) {
-  auto x = std::bit_cast<std::uint32_t>(f);
-  std::uint32_t sign = (x >> 16) & 0x8000u, e = (x >> 23) & 0xff, m = x & 0x7fffff;
-  if (e == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00u | (m ? 0x200u | (m >> 13) : 0u));
-  auto round = [](std::uint32_t v, unsigned shift) {
-    std::uint32_t q = v >> shift, r = v & ((1u << shift) - 1), half = 1u << (shift - 1);
-    return q + (r > half || (r == half && (q & 1)));
-  };
-  if (e >= 143) return static_cast<std::uint16_t>(sign | 0x7c00u);                           // >= 2^16: infinity
-  if (e >= 113) return static_cast<std::uint16_t>(sign | round(((e - 112) << 23) | m, 13));  // carry may reach inf
-  if (e < 102) return static_cast<std::uint16_t>(sign);  // below half the smallest subnormal
-  return static_cast<std::uint16_t>(sign | round(m | 0x800000u, 126 - e));
-}
-
-inline std::uint16_t f32_to_bf16(float f) {
-  auto x = std::bit_cast<std::uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
-}
-
-}  // namespace detail
-
 /// Strict parse of a whole file image; `what` names the file in messages. Throws format_error for anything the
 /// format does not allow.
-inline header_info parse(std::span<const unsigned char> file_bytes, const std::string& what) {
-  using detail::fail;
-  using detail::quote;
-  if (file_bytes.size() < 8)
-    fail(what, "file shorter than 8 bytes (" + std::to_string(file_bytes.size()) + "): no header length");
-  const std::uint64_t n = detail::load_le(file_bytes.data(), 8);
-  if (n > detail::max_header_bytes)
-    fail(what, "header length " + std::to_string(n) + " exceeds the limit of " +
-                   std::to_string(detail::max_header_bytes) + " bytes");
-  if (n > file_bytes.size() - 8)
-    fail(what, "header length " + std::to_string(n) + " exceeds the " + std::to_string(file_bytes.size() - 8) +
-                   " bytes after the length field");
-  auto text = file_bytes.subspan(8, static_cast<std::size_t>(n));
-  if (auto bad = detail::utf8_error(text); bad != std::string_view::npos)
-    fail(what, "header is not valid UTF-8 (byte " + std::to_string(bad) + " of the header)");
-  // nlohmann's lexer takes a NUL byte for the end of input, which would let `{}\0junk` through; JSON text never
-  // holds a raw NUL.
-  if (auto nul = std::find(text.begin(), text.end(), 0); nul != text.end())
-    fail(what, "header is not valid JSON: NUL byte at byte " + std::to_string(nul - text.begin()) + " of the header");
-  // The reference implementation refuses leading whitespace and byte-order marks, and so do we.
-  if (text.empty() || text[0] != '{') fail(what, "header is not a JSON object (it does not start with '{')");
-
-  detail::header_sax sax;
-  if (!nlohmann::json::sax_parse(text.begin(), text.end(), &sax) || !sax.error.empty())
-    fail(what, sax.error.empty() ? "header is not valid JSON" : sax.error);
-
-  header_info h;
-  h.metadata = std::move(sax.metadata);
-  h.tensors = std::move(sax.tensors);
-  h.data_start = 8 + n;
-  const std::uint64_t data_size = file_bytes.size() - h.data_start;
-
-  std::vector<const tensor_info*> by_name;
-  by_name.reserve(h.tensors.size());
-  for (auto& t : h.tensors) by_name.push_back(&t);
-  std::sort(by_name.begin(), by_name.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  for (std::size_t i = 1; i < by_name.size(); ++i)
-    if (by_name[i]->name == by_name[i - 1]->name) fail(what, "duplicate tensor name " + quote(by_name[i]->name));
-
-  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const tensor_info& a, const tensor_info& b) {
-    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
-  });
-  std::uint64_t covered = 0;
-  const tensor_info* previous = nullptr;
-  for (const auto& t : h.tensors) {
-    auto range = "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ")";
-    if (t.begin > covered)
-      fail(what, "gap in the data buffer: bytes [" + std::to_string(covered) + ", " + std::to_string(t.begin) +
-                     ") belong to no tensor (next is " + quote(t.name) + " at " + range + ")");
-    if (t.begin < covered)
-      fail(what, "tensor " + quote(t.name) + " at " + range + " overlaps tensor " + quote(previous->name) +
-                     ", which ends at " + std::to_string(covered));
-    covered = t.end;
-    previous = &t;
-  }
-  if (covered != data_size)
-    fail(what, "tensors cover " + std::to_string(covered) + " bytes of the data buffer, but it holds " +
-                   std::to_string(data_size) + (covered < data_size ? " (trailing bytes)" : " (truncated file)"));
-  return h;
-}
+header_info parse(std::span<const unsigned char> file_bytes, const std::string& what);
 
 namespace detail {
-inline std::vector<float> to_f32(const tensor_info& t, std::span<const unsigned char> b, const std::string& what) {
-  const auto n = static_cast<std::size_t>(t.numel());
-  if (b.size() != n * dtype_size(t.type))
-    fail(what, "tensor " + quote(t.name) + " has " + std::to_string(b.size()) + " bytes for " + std::to_string(n) +
-                   " elements of " + std::string(dtype_name(t.type)));
-  std::vector<float> out(n);
-  const unsigned char* p = b.data();
-  switch (t.type) {
-    case dtype::F32:
-      for (std::size_t i = 0; i < n; ++i)
-        out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(load_le(p + 4 * i, 4)));
-      break;
-    case dtype::F16:
-      for (std::size_t i = 0; i < n; ++i) out[i] = f16_to_f32(static_cast<std::uint32_t>(load_le(p + 2 * i, 2)));
-      break;
-    case dtype::BF16:
-      for (std::size_t i = 0; i < n; ++i)
-        out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(load_le(p + 2 * i, 2) << 16));
-      break;
-    case dtype::F64:
-      for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(std::bit_cast<double>(load_le(p + 8 * i, 8)));
-      break;
-    default:
-      fail(what, "tensor " + quote(t.name) + " is " + std::string(dtype_name(t.type)) +
-                     "; read_f32 converts only F32, F16, BF16 and F64");
-  }
-  return out;
-}
+/// The elements of `t` (whose bytes are `b`) as float: F32, F16, BF16 or F64; format_error naming `what` otherwise.
+std::vector<float> to_f32(const tensor_info& t, std::span<const unsigned char> b, const std::string& what);
 }  // namespace detail
 
 /// An opened, validated .safetensors file, memory-mapped (read into memory where mapping fails). Copies share
 /// the mapping. As with every mmap reader, a file truncated by another process while mapped raises SIGBUS.
 class file {
  public:
-  explicit file(const std::string& path) : path_(path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) detail::fail(path, std::string("cannot open: ") + std::strerror(errno));
-    struct closer {
-      int fd;
-      ~closer() { ::close(fd); }
-    } close_on_exit{fd};
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) detail::fail(path, std::string("cannot stat: ") + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) detail::fail(path, "not a regular file");
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (m != MAP_FAILED) {
-        image_ = std::shared_ptr<const unsigned char>(
-            static_cast<const unsigned char*>(m),
-            [n = size_](const unsigned char* p) { ::munmap(const_cast<unsigned char*>(p), n); });
-      } else {
-        std::shared_ptr<unsigned char> buf(new unsigned char[size_], std::default_delete<unsigned char[]>());
-        for (std::size_t got = 0; got < size_;) {
-          auto r = ::pread(fd, buf.get() + got, size_ - got, static_cast<off_t>(got));
-          if (r < 0 && errno == EINTR) continue;
-          if (r <= 0) detail::fail(path, r == 0 ? "file shrank while being read" : std::strerror(errno));
-          got += static_cast<std::size_t>(r);
-        }
-        image_ = std::move(buf);
-      }
-    }
-    header_ = parse({image_.get(), size_}, path);
-    by_name_.resize(header_.tensors.size());
-    for (std::size_t i = 0; i < by_name_.size(); ++i) by_name_[i] = i;
-    std::sort(by_name_.begin(), by_name_.end(),
-              [&](std::size_t a, std::size_t b) { return header_.tensors[a].name < header_.tensors[b].name; });
-  }
+  explicit file(const std::string& path);
 
   const header_info& header() const { return header_; }
   /// The tensor called `name`, or nullptr.
-  const tensor_info* find(std::string_view name) const {
-    auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
-                               [&](std::size_t i, std::string_view n) { return header_.tensors[i].name < n; });
-    return it != by_name_.end() && header_.tensors[*it].name == name ? &header_.tensors[*it] : nullptr;
-  }
+  const tensor_info* find(std::string_view name) const;
   /// The raw little-endian bytes of `t`, which must come from this file's header.
-  std::span<const unsigned char> bytes(const tensor_info& t) const {
-    if (t.begin > t.end || t.end > size_ - header_.data_start)
-      detail::fail(path_, "tensor " + detail::quote(t.name) + " does not lie inside this file's data buffer");
-    return {image_.get() + header_.data_start + t.begin, static_cast<std::size_t>(t.end - t.begin)};
-  }
+  std::span<const unsigned char> bytes(const tensor_info& t) const;
   /// The elements of tensor `name` converted to float (F32, F16, BF16 or F64), in row-major order.
-  std::vector<float> read_f32(std::string_view name) const {
-    const tensor_info* t = find(name);
-    if (!t) detail::fail(path_, "no tensor " + detail::quote(name));
-    return detail::to_f32(*t, bytes(*t), path_);
-  }
+  std::vector<float> read_f32(std::string_view name) const;
 
  private:
   std::string path_;
@@ -563,159 +104,15 @@ struct tensor_to_write {
 
 /// `values` as little-endian F32, F16 or BF16 (rounded to nearest, ties to even; NaN stays NaN) or F64.
 /// Throws std::invalid_argument for any other dtype.
-inline std::vector<unsigned char> encode_floats(std::span<const float> values, dtype type) {
-  if (type != dtype::F32 && type != dtype::F16 && type != dtype::BF16 && type != dtype::F64)
-    throw std::invalid_argument("levanter::safetensors::encode_floats: dtype " + std::string(dtype_name(type)) +
-                                " is not F32, F16, BF16 or F64");
-  const std::size_t size = dtype_size(type);
-  std::vector<unsigned char> out(values.size() * size);
-  unsigned char* p = out.data();
-  for (float v : values) {
-    switch (type) {
-      case dtype::F32:
-        detail::store_le(p, std::bit_cast<std::uint32_t>(v), 4);
-        break;
-      case dtype::F16:
-        detail::store_le(p, detail::f32_to_f16(v), 2);
-        break;
-      case dtype::BF16:
-        detail::store_le(p, detail::f32_to_bf16(v), 2);
-        break;
-      case dtype::F64:
-        detail::store_le(p, std::bit_cast<std::uint64_t>(static_cast<double>(v)), 8);
-        break;
-      default:
-        break;
-    }
-    p += size;
-  }
-  return out;
-}
-
-namespace detail {
-
-inline void check_to_write(const std::vector<tensor_to_write>& tensors, const std::map<std::string, std::string>& meta,
-                           const char* fn) {
-  auto bad = [&](const std::string& problem) { throw std::invalid_argument(std::string(fn) + ": " + problem); };
-  std::set<std::string_view> names;
-  for (const auto& t : tensors) {
-    auto who = "tensor " + quote(t.name) + ": ";
-    if (t.name.empty()) bad("empty tensor name");
-    if (t.name == "__metadata__") bad("'__metadata__' is reserved, not a tensor name");
-    if (!valid_utf8(t.name)) bad(who + "name is not valid UTF-8");
-    if (!names.insert(t.name).second) bad("duplicate tensor name " + quote(t.name));
-    if (dtype_size(t.type) == 0) bad(who + "invalid dtype");
-    std::uint64_t bytes = dtype_size(t.type);
-    for (auto d : t.shape)
-      if (d < 0 || !checked_mul(bytes, static_cast<std::uint64_t>(d), bytes))
-        bad(who + "invalid shape " + shape_string(t.shape));
-    if (bytes != t.data.size())
-      bad(who + std::string(dtype_name(t.type)) + " " + shape_string(t.shape) + " needs " + std::to_string(bytes) +
-          " bytes, data holds " + std::to_string(t.data.size()));
-  }
-  for (const auto& [k, v] : meta)
-    if (!valid_utf8(k) || !valid_utf8(v)) bad("metadata key or value " + quote(k) + " is not valid UTF-8");
-}
-
-inline std::string header_json(const std::vector<const tensor_to_write*>& tensors,
-                               const std::map<std::string, std::string>& meta) {
-  using json = nlohmann::json;
-  std::string h = "{";
-  if (!meta.empty()) h += "\"__metadata__\":" + json(meta).dump();
-  std::uint64_t offset = 0;
-  for (const auto* t : tensors) {
-    if (h.size() > 1) h += ',';
-    h += json(t->name).dump() + ":{\"dtype\":\"" + std::string(dtype_name(t->type)) +
-         "\",\"shape\":" + json(t->shape).dump() + ",\"data_offsets\":[" + std::to_string(offset) + ",";
-    offset += t->data.size();
-    h += std::to_string(offset) + "]}";
-  }
-  h += '}';
-  h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data buffer 8-byte aligned
-  return h;
-}
-
-// Writes `pieces` to a fresh file beside `path`, fsyncs it, renames it over `path` and fsyncs the directory, so
-// `path` is either the old file or the complete new one, even across a crash.
-inline void write_atomic(const std::string& path, const std::vector<std::span<const unsigned char>>& pieces,
-                         const char* fn) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  auto sys_error = [&](const std::string& what) {
-    return std::system_error(errno, std::generic_category(), std::string(fn) + ": " + what);
-  };
-  static std::atomic<unsigned> counter{0};
-  struct temp_file {
-    int fd = -1;
-    std::string name;
-    bool renamed = false;
-    ~temp_file() {
-      if (fd >= 0) ::close(fd);
-      if (!name.empty() && !renamed) ::unlink(name.c_str());
-    }
-  } tmp;
-  for (int attempt = 0; tmp.fd < 0; ++attempt) {
-    auto name = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                        std::to_string(counter++)))
-                    .string();
-    int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0)
-      tmp.fd = fd, tmp.name = name;
-    else if (errno != EEXIST || attempt == 100)
-      throw sys_error("cannot create '" + name + "'");
-  }
-  for (auto piece : pieces) {
-    while (!piece.empty()) {
-      auto r = ::write(tmp.fd, piece.data(), std::min<std::size_t>(piece.size(), std::size_t{1} << 30));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw sys_error("cannot write '" + tmp.name + "'");
-      piece = piece.subspan(static_cast<std::size_t>(r));
-    }
-  }
-  if (::fsync(tmp.fd) != 0) throw sys_error("cannot fsync '" + tmp.name + "'");
-  int fd = tmp.fd;
-  tmp.fd = -1;
-  if (::close(fd) != 0) throw sys_error("cannot close '" + tmp.name + "'");
-  if (::rename(tmp.name.c_str(), path.c_str()) != 0)
-    throw sys_error("cannot rename '" + tmp.name + "' to '" + path + "'");
-  tmp.renamed = true;
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) throw sys_error("cannot open directory '" + dir.string() + "'");
-  // Some file systems cannot fsync a directory (EINVAL); the rename is then as durable as they make it.
-  int rc = ::fsync(dfd), err = errno;
-  ::close(dfd);
-  if (rc != 0 && err != EINVAL) {
-    errno = err;
-    throw sys_error("cannot fsync directory '" + dir.string() + "'");
-  }
-}
-
-inline void write_tensors(const std::string& path, const std::vector<const tensor_to_write*>& tensors,
-                          const std::map<std::string, std::string>& meta, const char* fn) {
-  const std::string header = header_json(tensors, meta);
-  unsigned char length[8];
-  store_le(length, header.size(), 8);
-  std::vector<std::span<const unsigned char>> pieces{
-      {length, 8}, {reinterpret_cast<const unsigned char*>(header.data()), header.size()}};
-  for (const auto* t : tensors) pieces.emplace_back(t->data);
-  write_atomic(path, pieces, fn);
-}
-
-}  // namespace detail
+std::vector<unsigned char> encode_floats(std::span<const float> values, dtype type);
 
 /// Writes one .safetensors file atomically: header keys and data in the order given, "__metadata__" first (left
 /// out when `metadata` is empty), the header padded with spaces to a multiple of 8 bytes. Throws
 /// std::invalid_argument for an invalid tensor (name empty, repeated or "__metadata__", data of the wrong size)
-/// and std::system_error when the file system fails.
-inline void write_file(const std::string& path, const std::vector<tensor_to_write>& tensors,
-                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
-  constexpr const char* fn = "levanter::safetensors::write_file";
-  detail::check_to_write(tensors, metadata, fn);
-  std::vector<const tensor_to_write*> all;
-  for (const auto& t : tensors) all.push_back(&t);
-  detail::write_tensors(path, all, metadata, fn);
-}
+/// and format_error naming the file when the file system fails (the file is written with io::write_file_atomic,
+/// file and directory fsynced).
+void write_file(const std::string& path, const std::vector<tensor_to_write>& tensors,
+                const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 /// Writes a Hugging Face model directory (created if missing): `model.safetensors` when the data fits in
 /// `max_shard_bytes`, else shards `model-00001-of-0000N.safetensors`, ... filled greedily in the given order (a
@@ -723,97 +120,22 @@ inline void write_file(const std::string& path, const std::vector<tensor_to_writ
 /// {"total_size": bytes}, "weight_map": {name: shard}}, written last. Files of the other layout or stale shards
 /// left by an earlier write are removed, as Hugging Face's save_pretrained does, so readers never see a mix.
 /// Returns the names of the files written.
-inline std::vector<std::string> write_hf_dir(const std::string& dir, const std::vector<tensor_to_write>& tensors,
-                                             std::uint64_t max_shard_bytes,
-                                             const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
-  namespace fs = std::filesystem;
-  constexpr const char* fn = "levanter::safetensors::write_hf_dir";
-  detail::check_to_write(tensors, metadata, fn);
-  fs::create_directories(dir);
-  std::uint64_t total = 0;
-  std::vector<std::vector<const tensor_to_write*>> shards;
-  std::uint64_t in_shard = 0;
-  for (const auto& t : tensors) {
-    total += t.data.size();
-    if (shards.empty() || (!shards.back().empty() && in_shard + t.data.size() > max_shard_bytes)) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(&t);
-    in_shard += t.data.size();
-  }
-  std::vector<std::string> written;
-  if (total <= max_shard_bytes || shards.size() <= 1) {
-    std::vector<const tensor_to_write*> all;
-    for (const auto& t : tensors) all.push_back(&t);
-    detail::write_tensors((fs::path(dir) / "model.safetensors").string(), all, metadata, fn);
-    written.push_back("model.safetensors");
-  } else {
-    char name[64];
-    nlohmann::json weight_map = nlohmann::json::object();
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-      detail::write_tensors((fs::path(dir) / name).string(), shards[i], metadata, fn);
-      for (const auto* t : shards[i]) weight_map[t->name] = name;
-      written.push_back(name);
-    }
-    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", std::move(weight_map)}};
-    const std::string text = index.dump(2) + "\n";
-    detail::write_atomic((fs::path(dir) / "model.safetensors.index.json").string(),
-                         {{reinterpret_cast<const unsigned char*>(text.data()), text.size()}}, fn);
-    written.push_back("model.safetensors.index.json");
-  }
-  auto is_shard_name = [](const std::string& n) {  // model-DDDDD-of-DDDDD.safetensors
-    if (n.size() != 32 || n.compare(0, 6, "model-") != 0 || n.compare(11, 4, "-of-") != 0 ||
-        n.compare(20, 12, ".safetensors") != 0)
-      return false;
-    auto digit = [](char c) { return c >= '0' && c <= '9'; };
-    return std::all_of(n.begin() + 6, n.begin() + 11, digit) && std::all_of(n.begin() + 15, n.begin() + 20, digit);
-  };
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    auto n = entry.path().filename().string();
-    bool stale = (is_shard_name(n) || n == "model.safetensors" || n == "model.safetensors.index.json") &&
-                 std::find(written.begin(), written.end(), n) == written.end();
-    if (stale) fs::remove(entry.path());
-  }
-  return written;
-}
+std::vector<std::string> write_hf_dir(const std::string& dir, const std::vector<tensor_to_write>& tensors,
+                                      std::uint64_t max_shard_bytes,
+                                      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 /// A Hugging Face model directory in either layout. With an index, every shard it names must be a plain file
 /// name inside the directory, every listed tensor must be in the shard the index names, and every tensor of every
 /// shard must be listed, once.
 class hf_dir {
  public:
-  explicit hf_dir(const std::string& dir) : dir_(dir) {
-    namespace fs = std::filesystem;
-    const fs::path d(dir);
-    const fs::path index_path = d / "model.safetensors.index.json";
-    std::error_code ec;
-    if (fs::exists(index_path, ec)) {
-      read_index(index_path.string());
-    } else if (fs::exists(d / "model.safetensors", ec)) {
-      add((d / "model.safetensors").string(), "model.safetensors");
-    } else {
-      detail::fail(dir, "neither model.safetensors nor model.safetensors.index.json is in this directory");
-    }
-  }
+  explicit hf_dir(const std::string& dir);
 
   /// Every tensor name, sorted.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& [name, where] : where_) out.push_back(name);
-    return out;
-  }
-  const tensor_info* find(std::string_view name) const {
-    auto it = where_.find(name);
-    return it == where_.end() ? nullptr : &files_[it->second.first].header().tensors[it->second.second];
-  }
+  std::vector<std::string> names() const;
+  const tensor_info* find(std::string_view name) const;
   std::vector<std::int64_t> shape(std::string_view name) const { return get(name).shape; }
-  std::vector<float> read_f32(std::string_view name) const {
-    auto it = where_.find(name);
-    if (it == where_.end()) detail::fail(dir_, "no tensor " + detail::quote(name));
-    return files_[it->second.first].read_f32(name);
-  }
+  std::vector<float> read_f32(std::string_view name) const;
 
  private:
   std::string dir_;
@@ -821,87 +143,9 @@ class hf_dir {
   std::vector<std::string> file_names_;
   std::map<std::string, std::pair<std::size_t, std::size_t>, std::less<>> where_;  // name -> (file, tensor)
 
-  const tensor_info& get(std::string_view name) const {
-    const tensor_info* t = find(name);
-    if (!t) detail::fail(dir_, "no tensor " + detail::quote(name));
-    return *t;
-  }
-
-  void add(const std::string& path, const std::string& name) {
-    files_.emplace_back(path);
-    file_names_.push_back(name);
-    const auto& tensors = files_.back().header().tensors;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      auto [it, fresh] = where_.emplace(tensors[i].name, std::pair{files_.size() - 1, i});
-      if (!fresh)
-        detail::fail(dir_, "tensor " + detail::quote(tensors[i].name) + " is in both " +
-                               detail::quote(file_names_[it->second.first]) + " and " + detail::quote(name));
-    }
-  }
-
-  void read_index(const std::string& path) {
-    using json = nlohmann::json;
-    std::error_code ec;
-    auto size = std::filesystem::file_size(path, ec);
-    if (ec) detail::fail(path, "cannot read: " + ec.message());
-    if (size > detail::max_header_bytes)
-      detail::fail(path, "index of " + std::to_string(size) + " bytes exceeds the limit of " +
-                             std::to_string(detail::max_header_bytes));
-    std::string text(size, '\0');
-    std::ifstream in(path, std::ios::binary);
-    if (!in.read(text.data(), static_cast<std::streamsize>(size))) detail::fail(path, "cannot read");
-
-    std::vector<std::set<std::string>> keys;  // keys of each open object, to catch duplicates
-    json index;
-    try {
-      index = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
-        if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth >= 4)
-          detail::fail(path, "JSON nesting deeper than 4 levels");
-        if (event == json::parse_event_t::object_start) keys.emplace_back();
-        if (event == json::parse_event_t::object_end) keys.pop_back();
-        if (event == json::parse_event_t::key && !keys.back().insert(parsed.get<std::string>()).second)
-          detail::fail(path, "duplicate key " + detail::quote(parsed.get<std::string>()));
-        return true;
-      });
-    } catch (const json::exception& e) {
-      detail::fail(path, std::string("not valid JSON: ") + e.what());
-    }
-    if (!index.is_object()) detail::fail(path, "not a JSON object");
-    if (index.contains("metadata") && !index.at("metadata").is_object())
-      detail::fail(path, "metadata is not an object");
-    if (!index.contains("weight_map") || !index.at("weight_map").is_object())
-      detail::fail(path, "weight_map is missing or not an object");
-    const json& weight_map = index.at("weight_map");
-
-    std::map<std::string, std::size_t> shard_index;
-    for (const auto& [name, shard] : weight_map.items()) {
-      if (!shard.is_string()) detail::fail(path, "weight_map[" + detail::quote(name) + "] is not a string");
-      const auto& s = shard.get_ref<const std::string&>();
-      // Hugging Face caches link shards to blobs elsewhere, so "inside" is a property of the name, not of the target.
-      if (s.empty() || s == "." || s == ".." || s.find('/') != std::string::npos || s.find('\0') != std::string::npos)
-        detail::fail(path, "weight_map[" + detail::quote(name) + "] = " + detail::quote(s) +
-                               " is not a file name inside the directory");
-      if (!shard_index.count(s)) {
-        shard_index.emplace(s, files_.size());
-        add((std::filesystem::path(dir_) / s).string(), s);
-      }
-    }
-    for (const auto& [name, shard] : weight_map.items()) {
-      const auto& s = shard.get_ref<const std::string&>();
-      auto it = where_.find(name);
-      if (it == where_.end())
-        detail::fail(path,
-                     "weight_map lists " + detail::quote(name) + " in " + detail::quote(s) + ", but no shard holds it");
-      if (it->second.first != shard_index.at(s))
-        detail::fail(path, "weight_map lists " + detail::quote(name) + " in " + detail::quote(s) + ", but it is in " +
-                               detail::quote(file_names_[it->second.first]));
-    }
-    if (where_.size() != weight_map.size())
-      for (const auto& [name, where] : where_)
-        if (!weight_map.contains(name))
-          detail::fail(path, detail::quote(file_names_[where.first]) + " holds " + detail::quote(name) +
-                                 ", which weight_map does not list");
-  }
+  const tensor_info& get(std::string_view name) const;
+  void add(const std::string& path, const std::string& name);
+  void read_index(const std::string& path);
 };
 
 }  // namespace levanter::safetensors

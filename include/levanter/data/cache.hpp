@@ -7,136 +7,59 @@
 //   <split>/input_ids/data.bin      int32 little-endian tokens of all rows, concatenated
 //   <split>/input_ids/offsets.bin   int64 little-endian exclusive end (in tokens) of each row
 //
-// A row is a document: the tokens `encode(text)` returned for it (BOS/EOS are the encode function's business).
+// A row is a document: the tokens `encode(text)` returned for it (BOS/EOS are the encode function's business; see
+// make_encode_fn for upstream's rule).
 // Output bytes depend only on the files, the encode function and the options recorded in the metadata, never on
 // the thread count or on where a build was interrupted.
 //
 //   auto cache = levanter::data::open_or_build_cache("cache/train", files, src, encode, metadata, {});
 //   cache->wait_for_tokens(seq_len * batch);  // training may start now
 //   cache->read_tokens(0, seq_len, buf.data());
+//
+// nlohmann::json is only declared here (<nlohmann/json_fwd.hpp>); include <nlohmann/json.hpp> to build or read the
+// metadata.
 #pragma once
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdio>
-#include <deque>
-#include <exception>
-#include <filesystem>
-#include <fstream>
 #include <functional>
+#include <levanter/data/sources.hpp>
+#include <levanter/data/tokenizer.hpp>
 #include <memory>
-#include <mutex>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
-#include <thread>
+#include <utility>
 #include <vector>
-
-#include <levanter/data/sources.hpp>
 
 namespace levanter::data {
 
 /// How a cache is built (upstream `CacheOptions`); none of these changes the cache's bytes.
 struct cache_options {
-  int num_threads = 0;                    ///< tokenizing threads; 0 = std::thread::hardware_concurrency()
-  std::int64_t docs_per_chunk = 1024;     ///< documents per work unit and commit (upstream `batch_size`)
+  int num_threads = 0;                      ///< tokenizing threads; 0 = std::thread::hardware_concurrency()
+  std::int64_t docs_per_chunk = 1024;       ///< documents per work unit and commit (upstream `batch_size`)
   std::int64_t bytes_per_chunk = 32 << 20;  ///< a chunk also ends at this much raw input (`target_size_per_flush`)
-  bool fsync = true;                      ///< fdatasync data, offsets and ledger at each commit (power-loss safety)
+  bool fsync = true;                        ///< fdatasync data, offsets and ledger at each commit (power-loss safety)
 };
 
 /// The function that turns a document into its row of tokens; called from several threads at once.
 using encode_fn = std::function<std::vector<std::int32_t>(std::string_view)>;
 
-/// Upstream `BatchTokenizer`'s preprocessor metadata for a tokenizer (ours: `levanter::data::tokenizer`, or any type
-/// with name(), content_hash(), vocab_size(), bos_id(), eos_id(), adds_bos(), adds_eos()). A cache built with one
-/// metadata is refused under another, so every program that opens caches must use this function.
-template <class Tokenizer>
-nlohmann::json tokenizer_metadata(const Tokenizer& tok, bool enforce_bos, bool enforce_eos) {
-  return {{"tokenizer", tok.name()},
-          {"tokenizer_hash", tok.content_hash()},
-          {"vocab_size", tok.vocab_size()},
-          {"return_attention_mask", false},
-          {"padding", false},
-          {"append_bos", enforce_bos && tok.bos_id().has_value() && !tok.adds_bos()},
-          {"append_eos", enforce_eos && tok.eos_id().has_value() && !tok.adds_eos()}};
-}
+/// Upstream `BatchTokenizer`'s preprocessor metadata for a tokenizer (`append_bos`/`append_eos` as make_encode_fn
+/// decides them), plus `tokenizer_hash` and, for Hugging Face tokenizers, `bos_eos_as_text: true` (caches built
+/// when the ids were appended instead lack it). A cache built with one metadata is refused under another, so every
+/// program that opens caches must use this function.
+nlohmann::json tokenizer_metadata(const tokenizer& tok, bool enforce_bos, bool enforce_eos);
 
-/// The encode function of upstream `BatchTokenizer`: `tok.encode(text)` (special tokens added as the tokenizer's
-/// post-processor says), then BOS in front / EOS at the end when `tokenizer_metadata` says `append_bos`/`append_eos`.
-/// (Upstream appends the EOS *text* after a space and tokenizes; we append the id, which skips the extra space token.)
-template <class Tokenizer>
-encode_fn make_encode_fn(Tokenizer tok, bool enforce_bos, bool enforce_eos) {
-  const bool bos = enforce_bos && tok.bos_id().has_value() && !tok.adds_bos();
-  const bool eos = enforce_eos && tok.eos_id().has_value() && !tok.adds_eos();
-  return [tok = std::move(tok), bos, eos](std::string_view text) {
-    auto ids = tok.encode(text);
-    if (bos) ids.insert(ids.begin(), *tok.bos_id());
-    if (eos) ids.push_back(*tok.eos_id());
-    return ids;
-  };
-}
-
-namespace detail {
-
-inline void write_all(int fd, const void* p, std::size_t n, std::int64_t at, const std::string& path) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    auto w = ::pwrite(fd, c, n, at);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw data_error("cache: cannot write '" + path + "': " + std::strerror(errno) + " (disk full?)");
-    }
-    c += w;
-    n -= static_cast<std::size_t>(w);
-    at += w;
-  }
-}
-
-inline void read_all(int fd, void* p, std::size_t n, std::int64_t at, const std::string& path) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    auto r = ::pread(fd, c, n, at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw data_error("cache: cannot read '" + path + "' (" + (r < 0 ? std::strerror(errno) : "short file") + ")");
-    c += r;
-    n -= static_cast<std::size_t>(r);
-    at += r;
-  }
-}
-
-inline std::int64_t file_size(int fd) {
-  struct stat st {};
-  ::fstat(fd, &st);
-  return static_cast<std::int64_t>(st.st_size);
-}
-
-// Writes `j` to `path` atomically: a temporary file, (fsync,) then rename.
-inline void commit_json(const std::string& path, const nlohmann::json& j, bool sync) {
-  const std::string tmp = path + ".tmp";
-  const std::string s = j.dump(1);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw data_error("cache: cannot write '" + tmp + "': " + std::strerror(errno));
-  try {
-    write_all(fd, s.data(), s.size(), 0, tmp);
-    if (sync) ::fdatasync(fd);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw data_error("cache: cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
-}
-
-inline std::string short_json(const nlohmann::json* j) { return j ? j->dump() : std::string("(absent)"); }
-
-}  // namespace detail
+/// The encode function of upstream `BatchTokenizer` (text data: `enforce_bos` true, `enforce_eos` from
+/// `data.enforce_eos`). A token the tokenizer lacks is not enforced; BOS / EOS are added when the probe
+/// `tok.encode("hi there")` (template applied) does not already start / end with them. For a Hugging Face tokenizer
+/// they are added as text, as upstream does: `bos_token + " " + text + " " + eos_token` is encoded (special tokens
+/// are split out first), so with a GPT-2 byte-level BPE a document becomes [BOS] + encode(" " + text + " ") + [EOS].
+/// When the normalizer is `Replace` or a `Sequence` (tokenizer::splits_long_texts), a text longer than
+/// `long_text_chars` characters (code points; upstream's 10,000) is encoded in pieces, each cut at the first white
+/// space at or after that many characters, and the ids concatenated (each piece gets the template's tokens).
+/// The built-ins keep their ids: "byte" appends its EOS id 256, "passthrough" has no BOS/EOS.
+encode_fn make_encode_fn(tokenizer tok, bool enforce_bos, bool enforce_eos, std::size_t long_text_chars = 10000);
 
 /// A tokenized cache being built or already finished. Reads are thread-safe and see only committed rows (the
 /// counts are published with release/acquire after the bytes are written). Destroying it stops an unfinished build
@@ -145,440 +68,40 @@ class token_cache {
  public:
   token_cache(const token_cache&) = delete;
   token_cache& operator=(const token_cache&) = delete;
-  ~token_cache() {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    work_cv_.notify_all();
-    space_cv_.notify_all();
-    done_cv_.notify_all();
-    for (auto& t : threads_) t.join();
-    close_files();
-  }
+  ~token_cache();
 
   /// Tokens of all committed rows.
-  std::int64_t committed_tokens() const { return tokens_.load(std::memory_order_acquire); }
+  std::int64_t committed_tokens() const;
   /// Committed rows (documents).
-  std::int64_t committed_docs() const { return docs_.load(std::memory_order_acquire); }
+  std::int64_t committed_docs() const;
   /// UTF-8 bytes of the committed documents' text (for bits per byte).
-  std::int64_t doc_bytes() const {
-    std::lock_guard lk(mu_);
-    return text_bytes_;
-  }
+  std::int64_t doc_bytes() const;
   /// Bytes of input lines (decompressed) consumed by the committed chunks: progress against the files' sizes.
-  std::int64_t input_bytes() const {
-    std::lock_guard lk(mu_);
-    return input_bytes_;
-  }
+  std::int64_t input_bytes() const;
   /// Bad documents left out so far (policy `skip`).
-  std::int64_t skipped_documents() const {
-    std::lock_guard lk(mu_);
-    return skipped_;
-  }
+  std::int64_t skipped_documents() const;
   /// True once every document is committed and the ledger says `is_finished`.
-  bool finished() const { return finished_.load(std::memory_order_acquire); }
+  bool finished() const;
   /// The directory of this cache (`<cache_dir>/<split>`).
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const;
 
   /// Blocks until at least `n` tokens are committed or the build finished; returns the committed count. A failed
   /// build rethrows its error (a data_error naming file and line, or the encode function's exception).
-  std::int64_t wait_for_tokens(std::int64_t n) const {
-    std::unique_lock lk(mu_);
-    commit_cv_.wait(lk, [&] { return committed_tokens() >= n || finished() || error_ || stop_; });
-    if (error_) std::rethrow_exception(error_);
-    return committed_tokens();
-  }
+  std::int64_t wait_for_tokens(std::int64_t n) const;
   /// Blocks until the build finished; returns the total token count (rethrows a build failure).
-  std::int64_t total_tokens() const {
-    std::unique_lock lk(mu_);
-    commit_cv_.wait(lk, [&] { return finished() || error_ || stop_; });
-    if (error_) std::rethrow_exception(error_);
-    return committed_tokens();
-  }
+  std::int64_t total_tokens() const;
   /// Copies tokens [start, start + count) into `out`; they must be committed already (else std::out_of_range).
-  void read_tokens(std::int64_t start, std::int64_t count, std::int32_t* out) const {
-    const auto have = committed_tokens();
-    if (start < 0 || count < 0 || start + count > have)
-      throw std::out_of_range("token_cache::read_tokens: [" + std::to_string(start) + ", " + std::to_string(start + count) +
-                              ") is beyond the " + std::to_string(have) + " committed tokens of '" + dir_ + "'");
-    detail::read_all(data_fd_, out, static_cast<std::size_t>(count) * 4, start * 4, data_path());
-  }
+  void read_tokens(std::int64_t start, std::int64_t count, std::int32_t* out) const;
   /// Token range [begin, end) of committed row `row`.
-  std::pair<std::int64_t, std::int64_t> row_range(std::int64_t row) const {
-    if (row < 0 || row >= committed_docs())
-      throw std::out_of_range("token_cache::row_range: row " + std::to_string(row) + " is not committed in '" + dir_ + "'");
-    std::int64_t ends[2] = {0, 0};
-    if (row == 0)
-      detail::read_all(offsets_fd_, &ends[1], 8, 0, offsets_path());
-    else
-      detail::read_all(offsets_fd_, ends, 16, (row - 1) * 8, offsets_path());
-    return {ends[0], ends[1]};
-  }
+  std::pair<std::int64_t, std::int64_t> row_range(std::int64_t row) const;
 
   // Opens or builds; use open_or_build_cache.
   token_cache(std::string dir, std::vector<std::string> files, source_options src, encode_fn encode,
-              nlohmann::json metadata, cache_options opts)
-      : dir_(std::move(dir)), files_(std::move(files)), src_(std::move(src)), encode_(std::move(encode)),
-        opts_(opts) {
-    metadata["text_key"] = src_.text_key;
-    names_ = shard_names(files_);
-    std::filesystem::create_directories(dir_ + "/input_ids");
-    const std::string ledger_path = dir_ + "/shard_ledger.json";
-    bool have_ledger = std::filesystem::exists(ledger_path);
-    if (have_ledger) {
-      std::ifstream in(ledger_path);
-      try {
-        ledger_ = nlohmann::json::parse(in);
-      } catch (const std::exception& e) {
-        throw data_error("cache ledger '" + ledger_path + "' is unreadable (" + e.what() + "); delete '" + dir_ +
-                         "' to rebuild the cache");
-      }
-      nlohmann::json cached = nlohmann::json::object();
-      if (ledger_.contains("metadata") && ledger_["metadata"].contains("preprocessor_metadata"))
-        cached = ledger_["metadata"]["preprocessor_metadata"];
-      check_metadata(cached, metadata);
-      if (!ledger_.value("is_finished", false) || !files_.empty()) check_shards();
-    } else if (files_.empty()) {
-      throw data_error("no cache at '" + dir_ + "' and no data files to build it from (give train_urls/validation_urls)");
-    }
-
-    const bool done = have_ledger && ledger_.value("is_finished", false);
-    try {
-      open_files(done, have_ledger, metadata);
-    } catch (...) {
-      close_files();  // the destructor does not run for a constructor that throws
-      throw;
-    }
-  }
+              const nlohmann::json& metadata, cache_options opts);
 
  private:
-  void close_files() {
-    for (int* fd : {&data_fd_, &offsets_fd_, &lock_fd_})
-      if (*fd >= 0) ::close(*fd), *fd = -1;
-  }
-
-  void open_files(bool done, bool have_ledger, const nlohmann::json& metadata) {
-    const std::string ledger_path = dir_ + "/shard_ledger.json";
-    if (!done) {
-      lock_fd_ = ::open((dir_ + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
-        throw data_error("cache '" + dir_ + "' is being built by another process (or another open cache object); wait "
-                         "for it or use another cache_dir");
-    }
-    data_fd_ = ::open(data_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
-    offsets_fd_ = ::open(offsets_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
-    if (data_fd_ < 0 || offsets_fd_ < 0)
-      throw data_error("cache '" + dir_ + "': cannot open its token files (" + std::strerror(errno) +
-                       "); delete the directory to rebuild");
-
-    if (!have_ledger) {
-      ledger_ = {{"total_num_rows", 0},
-                 {"shard_rows", nlohmann::json::object()},
-                 {"is_finished", false},
-                 {"finished_shards", nlohmann::json::array()},
-                 {"field_counts", {{"input_ids", 0}}},
-                 {"metadata", {{"preprocessor_metadata", metadata}}},
-                 {"format", "levanter-cpp-token-cache-1"},
-                 {"shards", names_},
-                 {"shard_skipped", nlohmann::json::object()},
-                 {"text_bytes", 0},
-                 {"input_bytes", 0},
-                 {"skipped_documents", 0}};
-      for (const auto& n : names_) ledger_["shard_rows"][n] = 0, ledger_["shard_skipped"][n] = 0;
-    }
-    const std::int64_t rows = ledger_.value("total_num_rows", std::int64_t{0});
-    const std::int64_t toks = ledger_["field_counts"].value("input_ids", std::int64_t{0});
-    if (detail::file_size(offsets_fd_) < rows * 8 || detail::file_size(data_fd_) < toks * 4)
-      throw data_error("cache '" + dir_ + "' is damaged: its files are shorter than its ledger says; delete it to rebuild");
-    if (rows > 0) {
-      std::int64_t last = 0;
-      detail::read_all(offsets_fd_, &last, 8, (rows - 1) * 8, offsets_path());
-      if (last != toks) throw data_error("cache '" + dir_ + "' is damaged: offsets and ledger disagree; delete it to rebuild");
-    }
-    text_bytes_ = ledger_.value("text_bytes", std::int64_t{0});
-    skipped_ = ledger_.value("skipped_documents", std::int64_t{0});
-    input_bytes_ = ledger_.value("input_bytes", std::int64_t{0});
-    docs_.store(rows, std::memory_order_release);
-    tokens_.store(toks, std::memory_order_release);
-    if (done) {
-      finished_.store(true, std::memory_order_release);
-      return;
-    }
-    // Bytes past the last commit come from a build that was killed: drop them.
-    if (::ftruncate(data_fd_, toks * 4) != 0 || ::ftruncate(offsets_fd_, rows * 8) != 0)
-      throw data_error("cache '" + dir_ + "': cannot truncate its uncommitted tail: " + std::strerror(errno));
-    if (!have_ledger) detail::commit_json(ledger_path, ledger_, opts_.fsync);
-    // What the reader thread needs from the ledger, copied now: the committer owns the ledger from here on.
-    const auto done_shards = ledger_["finished_shards"].get<std::vector<std::string>>();
-    for (const auto& n : names_) {
-      resume_done_.push_back(std::find(done_shards.begin(), done_shards.end(), n) != done_shards.end());
-      resume_skip_.push_back(ledger_["shard_rows"].value(n, std::int64_t{0}) +
-                             ledger_["shard_skipped"].value(n, std::int64_t{0}));
-    }
-    start_build();
-  }
-
-  struct chunk {
-    std::size_t shard = 0;
-    bool last_in_shard = false;
-    std::vector<record> records;
-    std::vector<std::int32_t> tokens;
-    std::vector<std::int64_t> ends;  // row ends relative to the chunk
-    std::int64_t text_bytes = 0, skipped = 0, input_bytes = 0;
-    std::exception_ptr error;
-    bool done = false;
-  };
-
-  std::string data_path() const { return dir_ + "/input_ids/data.bin"; }
-  std::string offsets_path() const { return dir_ + "/input_ids/offsets.bin"; }
-
-  void check_metadata(const nlohmann::json& cached, const nlohmann::json& now) const {
-    std::string diffs;
-    // The same tokenizer file under another path (relative vs absolute, moved) is the same tokenizer.
-    const bool same_tokenizer = cached.contains("tokenizer_hash") && now.contains("tokenizer_hash") &&
-                                cached["tokenizer_hash"] == now["tokenizer_hash"];
-    auto visit = [&](const std::string& k) {
-      if (k == "tokenizer" && same_tokenizer) return;
-      const nlohmann::json* a = cached.contains(k) ? &cached[k] : nullptr;
-      const nlohmann::json* b = now.contains(k) ? &now[k] : nullptr;
-      if (a && b && *a == *b) return;
-      if (!diffs.empty()) diffs += ", ";
-      diffs += k + ": cached " + detail::short_json(a) + ", now " + detail::short_json(b);
-    };
-    for (auto it = cached.begin(); it != cached.end(); ++it) visit(it.key());
-    for (auto it = now.begin(); it != now.end(); ++it)
-      if (!cached.contains(it.key())) visit(it.key());
-    if (!diffs.empty())
-      throw data_error("cache '" + dir_ + "' was built with other preprocessing settings (" + diffs + "); delete '" +
-                       dir_ + "' or set data.cache_dir to another directory");
-  }
-
-  void check_shards() const {
-    const auto cached = ledger_.value("shards", std::vector<std::string>{});
-    if (cached == names_) return;
-    std::string a = cached.empty() ? "(none)" : cached.front() + (cached.size() > 1 ? ", ..." : "");
-    std::string b = names_.empty() ? "(none)" : names_.front() + (names_.size() > 1 ? ", ..." : "");
-    throw data_error("cache '" + dir_ + "' was built from other data files (" + std::to_string(cached.size()) +
-                     " shards: " + a + "; now " + std::to_string(names_.size()) + ": " + b + "); delete '" + dir_ +
-                     "' or set data.cache_dir to another directory");
-  }
-
-  void start_build() {
-    const int workers = opts_.num_threads > 0 ? opts_.num_threads
-                                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    max_in_flight_ = static_cast<std::size_t>(2 * workers + 2);
-    threads_.emplace_back([this] { guarded([this] { produce(); }); });
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
-    threads_.emplace_back([this] { guarded([this] { commit_loop(); }); });
-  }
-
-  template <class F>
-  void guarded(F&& f) {
-    try {
-      f();
-    } catch (...) {
-      fail(std::current_exception());
-    }
-  }
-
-  void fail(std::exception_ptr e) {
-    {
-      std::lock_guard lk(mu_);
-      if (!error_) error_ = e;
-      stop_ = true;
-    }
-    work_cv_.notify_all();
-    space_cv_.notify_all();
-    done_cv_.notify_all();
-    commit_cv_.notify_all();
-  }
-
-  // Reads records in file order into chunks (one reader: file order is commit order).
-  void produce() {
-    auto push = [&](std::shared_ptr<chunk> c) {
-      std::unique_lock lk(mu_);
-      space_cv_.wait(lk, [&] { return stop_ || pending_.size() < max_in_flight_; });
-      if (stop_) return false;
-      pending_.push_back(c);
-      if (c->done) done_cv_.notify_all();
-      else {
-        work_.push_back(c);
-        work_cv_.notify_one();
-      }
-      return true;
-    };
-    for (std::size_t s = 0; s < files_.size(); ++s) {
-      if (resume_done_[s]) continue;
-      auto c = std::make_shared<chunk>();
-      c->shard = s;
-      std::int64_t bytes_left = 0;
-      try {
-        record_reader rd(files_[s]);
-        std::int64_t skip = resume_skip_[s];
-        record r;
-        std::int64_t bytes = 0;
-        while (rd.next(r)) {
-          if (skip > 0) {
-            --skip;
-            continue;
-          }
-          bytes += static_cast<std::int64_t>(r.bytes.size()) + 1;
-          c->records.push_back(std::move(r));
-          r = record{};
-          if (static_cast<std::int64_t>(c->records.size()) >= opts_.docs_per_chunk || bytes >= opts_.bytes_per_chunk) {
-            c->input_bytes = bytes;
-            if (!push(c)) return;
-            c = std::make_shared<chunk>();
-            c->shard = s;
-            bytes = 0;
-          }
-        }
-        bytes_left = bytes;
-        if (skip > 0)
-          throw data_error("cache '" + dir_ + "': data file '" + files_[s] +
-                           "' has fewer documents than the cache already holds from it (was it changed?); delete the "
-                           "cache to rebuild");
-      } catch (...) {
-        c->records.clear();
-        c->error = std::current_exception();
-        c->done = true;
-        push(c);
-        return;
-      }
-      c->last_in_shard = true;
-      c->input_bytes = bytes_left;
-      if (!push(c)) return;
-    }
-    std::lock_guard lk(mu_);
-    producer_done_ = true;
-    done_cv_.notify_all();
-  }
-
-  void work() {
-    std::string text;
-    while (true) {
-      std::shared_ptr<chunk> c;
-      {
-        std::unique_lock lk(mu_);
-        work_cv_.wait(lk, [&] { return stop_ || !work_.empty(); });
-        if (stop_) return;
-        c = work_.front();
-        work_.pop_front();
-      }
-      try {
-        const std::string& path = files_[c->shard];
-        const file_format fmt = format_of(path);
-        for (const auto& r : c->records) {
-          auto err = decode_record(path, fmt, r, src_.text_key, text);
-          if (!err.empty()) {
-            if (src_.on_bad_document == bad_document_policy::stop)
-              throw data_error(err + " (set data.bad_documents: skip to leave such lines out and count them)");
-            ++c->skipped;
-            continue;
-          }
-          auto ids = encode_(text);
-          c->tokens.insert(c->tokens.end(), ids.begin(), ids.end());
-          c->ends.push_back(static_cast<std::int64_t>(c->tokens.size()));
-          c->text_bytes += static_cast<std::int64_t>(text.size());
-        }
-      } catch (...) {
-        c->error = std::current_exception();
-      }
-      c->records = {};
-      {
-        std::lock_guard lk(mu_);
-        c->done = true;
-      }
-      done_cv_.notify_all();
-    }
-  }
-
-  // Commits chunks strictly in order: data (synced), then offsets (synced), then the ledger, then the counts.
-  void commit_loop() {
-    const std::string ledger_path = dir_ + "/shard_ledger.json";
-    while (true) {
-      std::shared_ptr<chunk> c;
-      {
-        std::unique_lock lk(mu_);
-        done_cv_.wait(lk, [&] { return stop_ || (!pending_.empty() && pending_.front()->done) ||
-                                       (pending_.empty() && producer_done_); });
-        if (stop_) return;
-        if (pending_.empty()) break;
-        c = pending_.front();
-        pending_.pop_front();
-      }
-      space_cv_.notify_one();
-      if (c->error) std::rethrow_exception(c->error);
-      const std::int64_t rows = committed_docs(), toks = committed_tokens();
-      const auto n = static_cast<std::int64_t>(c->ends.size());
-      const auto ntok = static_cast<std::int64_t>(c->tokens.size());
-      if (n > 0) {
-        detail::write_all(data_fd_, c->tokens.data(), c->tokens.size() * 4, toks * 4, data_path());
-        if (opts_.fsync) ::fdatasync(data_fd_);
-        for (auto& e : c->ends) e += toks;
-        detail::write_all(offsets_fd_, c->ends.data(), c->ends.size() * 8, rows * 8, offsets_path());
-        if (opts_.fsync) ::fdatasync(offsets_fd_);
-      }
-      const std::string& name = names_[c->shard];
-      ledger_["total_num_rows"] = rows + n;
-      ledger_["field_counts"]["input_ids"] = toks + ntok;
-      ledger_["shard_rows"][name] = ledger_["shard_rows"].value(name, std::int64_t{0}) + n;
-      ledger_["shard_skipped"][name] = ledger_["shard_skipped"].value(name, std::int64_t{0}) + c->skipped;
-      if (c->last_in_shard) ledger_["finished_shards"].push_back(name);
-      {
-        std::lock_guard lk(mu_);
-        text_bytes_ += c->text_bytes;
-        skipped_ += c->skipped;
-        input_bytes_ += c->input_bytes;
-        ledger_["input_bytes"] = input_bytes_;
-        ledger_["text_bytes"] = text_bytes_;
-        ledger_["skipped_documents"] = skipped_;
-      }
-      if (n > 0 || c->skipped > 0 || c->last_in_shard) detail::commit_json(ledger_path, ledger_, opts_.fsync);
-      {
-        std::lock_guard lk(mu_);
-        tokens_.store(toks + ntok, std::memory_order_release);
-        docs_.store(rows + n, std::memory_order_release);
-      }
-      commit_cv_.notify_all();
-    }
-    if (committed_docs() == 0) {
-      std::int64_t sk = skipped_documents();
-      throw data_error("no documents in the " + std::to_string(files_.size()) + " data file(s) of cache '" + dir_ + "'" +
-                       (sk ? " (" + std::to_string(sk) + " bad ones skipped)" : std::string()) +
-                       "; check the files and data.text_key");
-    }
-    ledger_["is_finished"] = true;
-    detail::commit_json(ledger_path, ledger_, opts_.fsync);
-    {
-      std::lock_guard lk(mu_);
-      finished_.store(true, std::memory_order_release);
-    }
-    commit_cv_.notify_all();
-  }
-
-  std::string dir_;
-  std::vector<std::string> files_, names_;
-  source_options src_;
-  encode_fn encode_;
-  cache_options opts_;
-  nlohmann::json ledger_;  // owned by the committer thread once the build runs
-  int data_fd_ = -1, offsets_fd_ = -1, lock_fd_ = -1;
-  std::vector<bool> resume_done_;
-  std::vector<std::int64_t> resume_skip_;
-
-  mutable std::mutex mu_;
-  mutable std::condition_variable commit_cv_;
-  std::condition_variable work_cv_, space_cv_, done_cv_;
-  std::deque<std::shared_ptr<chunk>> pending_, work_;
-  std::size_t max_in_flight_ = 4;
-  bool stop_ = false, producer_done_ = false;
-  std::exception_ptr error_;
-  std::int64_t text_bytes_ = 0, skipped_ = 0, input_bytes_ = 0;
-  std::atomic<std::int64_t> tokens_{0}, docs_{0};
-  std::atomic<bool> finished_{false};
-  std::vector<std::thread> threads_;
+  struct state;
+  std::unique_ptr<state> s_;
 };
 
 /// Opens the cache at `split_dir` (`<cache_dir>/<split>`), or builds it from `files` (already expanded, see
@@ -586,12 +109,9 @@ class token_cache {
 /// `preprocessor_metadata` (tokenizer name and content hash, vocab_size, append_bos, append_eos, ...; `text_key`
 /// is added) must equal the ledger's of an existing cache, else data_error naming both values. With `files` empty
 /// only a finished cache can be opened.
-inline std::shared_ptr<token_cache> open_or_build_cache(const std::string& split_dir,
-                                                        const std::vector<std::string>& files,
-                                                        const source_options& src, encode_fn encode,
-                                                        const nlohmann::json& preprocessor_metadata,
-                                                        const cache_options& opts = {}) {
-  return std::make_shared<token_cache>(split_dir, files, src, std::move(encode), preprocessor_metadata, opts);
-}
+std::shared_ptr<token_cache> open_or_build_cache(const std::string& split_dir, const std::vector<std::string>& files,
+                                                 const source_options& src, encode_fn encode,
+                                                 const nlohmann::json& preprocessor_metadata,
+                                                 const cache_options& opts = {});
 
 }  // namespace levanter::data

@@ -9,33 +9,26 @@
 // in the cache; shuffled ones and mixtures need the length of each dataset and wait for its cache to finish.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <haliax/random.hpp>
+#include <levanter/data/cache.hpp>
+#include <levanter/data/config.hpp>
+#include <levanter/data/mixture.hpp>
+#include <levanter/data/permutation.hpp>
+#include <levanter/data/sources.hpp>
+#include <levanter/data/tokenizer.hpp>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
-#include <yaml-cpp/yaml.h>
-
-#include <levanter/config/yaml.hpp>
-#include <levanter/data/config.hpp>
-#include <levanter/data/cache.hpp>
-#include <levanter/data/mixture.hpp>
-#include <levanter/data/permutation.hpp>
-#include <levanter/data/sources.hpp>
-#include <levanter/data/tokenizer.hpp>
 
 namespace levanter::data {
 
 /// The tokenizer `data.tokenizer` names: `byte` (the embedded default's), `passthrough` (ids as text, with
 /// data.vocab_size), or a local tokenizer.json / a directory holding one.
-inline tokenizer make_tokenizer(const LmDataConfig& d) {
-  if (d.tokenizer == "byte") return tokenizer::byte_level();
-  if (d.tokenizer == "passthrough") return tokenizer::passthrough(d.vocab_size.value_or(0));
-  return tokenizer::from_file(d.tokenizer);
-}
+tokenizer make_tokenizer(const LmDataConfig& d);
 
 /// One dataset: a single source (name "") or one entry of `data.configs`.
 struct dataset_spec {
@@ -45,100 +38,11 @@ struct dataset_spec {
   std::vector<std::string> tags;  ///< extra eval tags (upstream `tags`)
 };
 
-namespace detail {
-inline std::vector<std::string> yaml_strings(const YAML::Node& n, const std::string& key) {
-  std::vector<std::string> out;
-  if (!n) return out;
-  if (n.IsScalar()) return {n.Scalar()};
-  if (!n.IsSequence()) throw config::config_error(key + ": expected a list of strings");
-  for (const auto& e : n) out.push_back(e.as<std::string>());
-  return out;
-}
-inline std::string join_path(const std::string& dir, const std::string& sub) {
-  return (std::filesystem::path(dir) / sub).string();
-}
-}  // namespace detail
-
 /// The datasets of the config, in config order (a mixture's `configs` keep the order they are written in).
-inline std::vector<dataset_spec> dataset_specs(const LmDataConfig& d) {
-  if (!d.configs.set) return {dataset_spec{"", d.train_urls, d.validation_urls, d.cache_dir, d.tags.value_or(std::vector<std::string>{})}};
-  const YAML::Node root = YAML::Load(d.configs.yaml);
-  if (!root.IsMap() || root.size() == 0)
-    throw config::config_error("data.configs (" + d.configs.where + "): expected a map of dataset name -> {train_urls, "
-                               "validation_urls, cache_dir, tags}");
-  std::vector<dataset_spec> out;
-  for (const auto& kv : root) {
-    const std::string name = kv.first.as<std::string>();
-    const std::string key = "data.configs." + name;
-    const YAML::Node& c = kv.second;
-    if (!c.IsMap()) throw config::config_error(key + " (" + d.configs.where + "): expected a map");
-    for (const auto& f : c) {
-      const std::string k = f.first.as<std::string>();
-      if (k == "id" || k == "name" || k == "stream")
-        throw config::config_error(key + "." + k + ": Hugging Face datasets are not supported (no network here); "
-                                   "convert the dataset to local .jsonl files and list them in train_urls");
-      if (k != "train_urls" && k != "validation_urls" && k != "cache_dir" && k != "tags" && k != "format")
-        throw config::config_error(key + ": unknown key '" + k + "' (use train_urls, validation_urls, cache_dir, tags)");
-    }
-    dataset_spec s;
-    s.name = name;
-    s.train_urls = detail::yaml_strings(c["train_urls"], key + ".train_urls");
-    s.validation_urls = detail::yaml_strings(c["validation_urls"], key + ".validation_urls");
-    s.cache_dir = c["cache_dir"] && !c["cache_dir"].IsNull() ? c["cache_dir"].as<std::string>() : detail::join_path(d.cache_dir, name);
-    s.tags = detail::yaml_strings(c["tags"], key + ".tags");
-    for (const auto& u : s.train_urls)
-      if (is_remote_url(u)) throw config::config_error(key + ".train_urls: '" + u + "' is a remote URL; no network here: download it and give a local path");
-    for (const auto& u : s.validation_urls)
-      if (is_remote_url(u)) throw config::config_error(key + ".validation_urls: '" + u + "' is a remote URL; no network here: download it and give a local path");
-    out.push_back(std::move(s));
-  }
-  return out;
-}
+std::vector<dataset_spec> dataset_specs(const LmDataConfig& d);
 
 /// `data.train_weights`: `{name: w}` (one stage from step 0) or `[[step, {name: w}], ...]`; starts in steps.
-inline std::vector<mixture_stage> weight_stages(const LmDataConfig& d, const std::vector<dataset_spec>& specs) {
-  auto weights_of = [&](const YAML::Node& m, const std::string& key) {
-    if (!m.IsMap()) throw config::config_error(key + ": expected a map of dataset name -> weight");
-    std::vector<std::pair<std::string, double>> w;
-    for (const auto& kv : m) {
-      double v = 0;
-      try {
-        v = kv.second.as<double>();
-      } catch (const YAML::Exception&) {
-        throw config::config_error(key + "." + kv.first.as<std::string>() + ": '" + kv.second.as<std::string>("?") +
-                                   "' is not a number");
-      }
-      w.emplace_back(kv.first.as<std::string>(), v);
-    }
-    return w;
-  };
-  if (!d.train_weights.set) {  // upstream needs weights; equal weights is the natural reading of "none given"
-    if (specs.size() > 1)
-      throw config::config_error("data.train_weights is missing: give a weight per dataset of data.configs, e.g. {" +
-                                 specs.front().name + ": 0.5, " + specs.back().name + ": 0.5}");
-    return {mixture_stage{0, {{specs.front().name, 1.0}}}};
-  }
-  const YAML::Node root = YAML::Load(d.train_weights.yaml);
-  const std::string where = " (" + d.train_weights.where + ")";
-  if (root.IsMap()) return {mixture_stage{0, weights_of(root, "data.train_weights" + where)}};
-  if (!root.IsSequence())
-    throw config::config_error("data.train_weights" + where + ": expected {name: weight} or [[step, {name: weight}], ...]");
-  std::vector<mixture_stage> out;
-  for (std::size_t i = 0; i < root.size(); ++i) {
-    const std::string key = "data.train_weights[" + std::to_string(i) + "]" + where;
-    const YAML::Node& e = root[i];
-    if (!e.IsSequence() || e.size() != 2)
-      throw config::config_error(key + ": expected [step, {name: weight}]");
-    std::int64_t step = 0;
-    try {
-      step = e[0].as<std::int64_t>();
-    } catch (const YAML::Exception&) {
-      throw config::config_error(key + ": the step '" + e[0].as<std::string>("?") + "' is not an integer");
-    }
-    out.push_back(mixture_stage{step, weights_of(e[1], key)});
-  }
-  return out;
-}
+std::vector<mixture_stage> weight_stages(const LmDataConfig& d, const std::vector<dataset_spec>& specs);
 
 /// Examples of one dataset: windows of seq_len tokens over its cache.
 class cache_windows {
@@ -174,116 +78,24 @@ class lm_data {
     std::function<void(const std::string&)> log;  ///< progress lines
   };
 
-  lm_data(const LmDataConfig& d, const options& o) : tok_(make_tokenizer(d)), seq_len_(o.seq_len) {
-    auto log = o.log ? o.log : [](const std::string&) {};
-    specs_ = dataset_specs(d);
-    source_options src;
-    src.text_key = d.text_key.value_or("text");
-    if (d.format.set) {
-      const YAML::Node f = YAML::Load(d.format.yaml);
-      if (f.IsMap() && f["text_key"]) src.text_key = f["text_key"].as<std::string>();
-    }
-    src.on_bad_document = parse_bad_document_policy(d.bad_documents);
-    cache_options co;
-    co.num_threads = static_cast<int>(d.cache_options.num_threads);
-    co.docs_per_chunk = d.cache_options.batch_size;
-    co.bytes_per_chunk = d.cache_options.target_size_bytes();
-    const auto meta = tokenizer_metadata(tok_, true, d.enforce_eos);
-    const auto encode = make_encode_fn(tok_, true, d.enforce_eos);
-    auto open = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {
-      const auto dir = detail::join_path(s.cache_dir, split);
-      auto files = expand_urls(urls);
-      auto c = open_or_build_cache(dir, files, src, encode, meta, co);
-      log(std::string(c->finished() ? "cache " : "building cache ") + dir + (c->finished() ? " (complete)" : " in the background"));
-      return std::make_shared<cache_windows>(std::move(c), o.seq_len);
-    };
-    for (const auto& s : specs_) {
-      if (!s.train_urls.empty()) train_.push_back(open(s, s.train_urls, "train"));
-      else train_.push_back(nullptr);
-      if (!s.validation_urls.empty()) {
-        std::vector<std::string> tags;
-        if (!s.name.empty()) tags.push_back(s.name);
-        for (const auto& t : s.tags) tags.push_back(t);
-        valid_.push_back({s.name, tags, open(s, s.validation_urls, "validation")});
-      }
-    }
-    // The example order.
-    kind_ = d.permutation_type ? parse_permutation_kind(*d.permutation_type) : permutation_kind::linear;
-    if (const auto* b = std::get_if<bool>(&d.shuffle)) shuffle_ = *b ? shuffle_setting::full() : shuffle_setting::none();
-    else shuffle_ = shuffle_setting::eras(std::get<std::int64_t>(d.shuffle));
-    shuffled_ = !(std::holds_alternative<bool>(d.shuffle) && !std::get<bool>(d.shuffle));
-    if (!d.configs.set) {
-      if (!train_.front()) throw config::config_error("data.train_urls is empty: give at least one local .jsonl or .txt file");
-      single_key_ = o.data_key;
-      return;
-    }
-    // A mixture: every dataset in use must be complete to know its length.
-    auto stages = mixture_stages_from_steps(weight_stages(d, specs_), o.batch_size, d.mixture_block_size.value_or(2048));
-    std::vector<std::string> names;
-    for (const auto& s : specs_) names.push_back(s.name);
-    std::vector<std::int64_t> lengths;
-    for (std::size_t i = 0; i < specs_.size(); ++i) {
-      bool used = false;
-      for (const auto& st : stages)
-        for (const auto& [n, w] : st.weights)
-          if (n == specs_[i].name && w > 0) used = true;
-      if (used && !train_[i])
-        throw config::config_error("data.configs." + specs_[i].name + " has a training weight but no train_urls");
-      if (used) log("mixture: waiting for the cache of '" + specs_[i].name + "' to be complete (its length sets the mixture)");
-      lengths.push_back(used ? train_[i]->final_size() : 0);
-      if (used && lengths.back() == 0)
-        throw data_error("data.configs." + specs_[i].name + ": its data holds fewer tokens than one window of seq_len " +
-                         std::to_string(o.seq_len));
-    }
-    mixture_.emplace(names, stages, d.mixture_block_size.value_or(2048), make_mixture_keys(o.data_key, 0).mix, lengths);
-    for (const auto& w : mixture_->warnings()) log("mixture: " + w);
-    const auto keys = make_mixture_keys(o.data_key, mixture_->datasets_in_use().size());
-    orders_.resize(specs_.size());
-    std::size_t k = 0;
-    for (std::size_t pos : mixture_->datasets_in_use())
-      orders_[pos] = make_example_order(shuffle_, kind_, static_cast<std::uint64_t>(lengths[pos]), keys.component[k++]);
-  }
+  lm_data(const LmDataConfig& d, const options& o);
 
   const tokenizer& tok() const { return tok_; }
   const std::vector<dataset_spec>& specs() const { return specs_; }
   const std::vector<validation_set>& validation_sets() const { return valid_; }
+  /// The training windows of dataset `i` of specs() (null when it has no train_urls).
+  const std::shared_ptr<cache_windows>& train_windows(std::size_t i) const { return train_.at(i); }
   bool is_mixture() const { return mixture_.has_value(); }
   std::int64_t seq_len() const { return seq_len_; }
 
   /// Examples [first, first + n) as a row-major [n, seq_len] buffer.
-  std::vector<std::int32_t> examples(std::int64_t first, std::int64_t n) const {
-    std::vector<std::int32_t> out(static_cast<std::size_t>(n * seq_len_));
-    for (std::int64_t r = 0; r < n; ++r) example(first + r, out.data() + r * seq_len_);
-    return out;
-  }
+  std::vector<std::int32_t> examples(std::int64_t first, std::int64_t n) const;
 
   /// Training windows of a single source (waits for its cache to finish).
   std::int64_t single_size() const { return train_.front()->final_size(); }
 
  private:
-  void example(std::int64_t i, std::int32_t* out) const {
-    if (mixture_) {
-      const auto [pos, k] = (*mixture_)(i);
-      train_[pos]->window(static_cast<std::int64_t>((*orders_[pos])(static_cast<std::uint64_t>(k))), out);
-      return;
-    }
-    const auto& w = *train_.front();
-    if (!shuffled_ && w.has(i)) {  // in order: no need to wait for the whole cache
-      w.window(i, out);
-      return;
-    }
-    // Shuffled, or past the end (the run wraps around to the start: another epoch in the same order).
-    std::call_once(single_once_, [&] {
-      single_n_ = w.final_size();
-      if (single_n_ == 0)
-        throw data_error("the training data holds " + std::to_string(w.cache().total_tokens()) +
-                         " tokens, fewer than one window of seq_len " + std::to_string(seq_len_) +
-                         " (add data or lower model.seq_len)");
-      single_order_.emplace(make_example_order(shuffle_, kind_, static_cast<std::uint64_t>(single_n_), single_key_));
-    });
-    const auto j = static_cast<std::uint64_t>(i % single_n_);
-    w.window(static_cast<std::int64_t>((*single_order_)(j)), out);
-  }
+  void example(std::int64_t i, std::int32_t* out) const;
 
   tokenizer tok_;
   std::int64_t seq_len_;

@@ -1,0 +1,317 @@
+// checkpoint/checkpointer.hpp: checkpoint directories and upstream's Checkpointer policy.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <levanter/checkpoint/checkpointer.hpp>
+#include <tuple>
+
+namespace levanter::checkpoint {
+
+namespace detail {
+namespace {
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) throw error("cannot open '" + p.string() + "' to fsync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw error("fsync of '" + p.string() + "' failed (disk full or I/O error?)");
+}
+
+void write_text_synced(const fs::path& p, const std::string& text) {
+  {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    if (!out) throw error("cannot create '" + p.string() + "'");
+    out << text;
+    out.flush();
+    if (!out) throw error("writing '" + p.string() + "' failed (disk full?)");
+  }
+  fsync_path(p);
+}
+
+/// ISO 8601 UTC with microseconds: sorts as text in time order.
+std::string iso_timestamp(std::chrono::system_clock::time_point t) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  const std::time_t secs = static_cast<std::time_t>(us / 1000000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lld", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(us % 1000000));
+  return buf;
+}
+
+}  // namespace
+}  // namespace detail
+
+std::optional<checkpoint_info> read_metadata(const fs::path& dir) {
+  const fs::path meta = dir / "metadata.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(meta, ec)) return std::nullopt;
+  std::ifstream in(meta);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+    checkpoint_info info;
+    info.path = dir;
+    info.step = j.at("step").get<std::int64_t>();
+    info.timestamp = j.value("timestamp", std::string());
+    info.is_temporary = j.value("is_temporary", false);
+    info.metadata = j;
+    return info;
+  } catch (const std::exception& e) {
+    throw error("'" + meta.string() + "' is corrupt (" + e.what() + ")");
+  }
+}
+
+void verify_files(const checkpoint_info& info) {
+  if (!info.metadata.contains("files")) return;
+  for (const auto& [name, size] : info.metadata["files"].items()) {
+    const fs::path p = info.path / name;
+    std::error_code ec;
+    const auto actual = fs::file_size(p, ec);
+    if (ec) throw error("checkpoint '" + info.path.string() + "' is torn: '" + name + "' is missing");
+    if (actual != size.get<std::uint64_t>())
+      throw error("checkpoint '" + info.path.string() + "' is torn: '" + name + "' has " + std::to_string(actual) +
+                  " bytes, metadata.json says " + std::to_string(size.get<std::uint64_t>()));
+  }
+}
+
+discovery discover(const fs::path& path) {
+  discovery out;
+  auto consider = [&](const fs::path& dir) {
+    try {
+      if (auto info = read_metadata(dir)) out.checkpoints.push_back(std::move(*info));
+    } catch (const error& e) {
+      out.problems.emplace_back(e.what());
+    }
+  };
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return out;
+  consider(path);
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    if (!entry.is_directory(ec)) continue;
+    const auto name = entry.path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    consider(entry.path());
+  }
+  std::sort(out.checkpoints.begin(), out.checkpoints.end(),
+            [](const auto& a, const auto& b) { return std::tie(a.timestamp, a.step) > std::tie(b.timestamp, b.step); });
+  return out;
+}
+
+std::uint64_t write_checkpoint(const fs::path& dir, const std::vector<named_file>& files, std::int64_t step,
+                               bool is_temporary, std::chrono::system_clock::time_point when,
+                               const nlohmann::json& extra) {
+  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  const std::string name = dir.filename().string();
+  const std::string tag = std::to_string(::getpid());
+  const fs::path tmp = parent / ("." + name + ".tmp-" + tag);
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw error("cannot create checkpoint directory '" + parent.string() + "': " + ec.message());
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) throw error("cannot create '" + tmp.string() + "': " + ec.message());
+
+  nlohmann::json meta = extra;
+  meta["step"] = step;
+  meta["timestamp"] = detail::iso_timestamp(when);
+  meta["is_temporary"] = is_temporary;
+  meta["format"] = "levanter-cpp-checkpoint";
+  meta["format_version"] = 1;
+  nlohmann::json sizes = nlohmann::json::object();
+  std::uint64_t total = 0;
+  for (const auto& f : files) {
+    const fs::path p = tmp / f.name;
+    if (f.text)
+      detail::write_text_synced(p, *f.text);
+    else
+      f.data.write(p.string());
+    const auto size = fs::file_size(p);
+    sizes[f.name] = size;
+    total += size;
+  }
+  meta["files"] = sizes;
+  detail::write_text_synced(tmp / "metadata.json", meta.dump(2) + "\n");
+  detail::fsync_path(tmp);
+
+  // An older directory of the same name (a rerun over an existing step) is moved aside, then removed.
+  const fs::path old = parent / ("." + name + ".old-" + tag);
+  const bool had_old = fs::exists(dir, ec);
+  if (had_old) {
+    fs::remove_all(old, ec);
+    fs::rename(dir, old, ec);
+    if (ec) throw error("cannot replace existing checkpoint '" + dir.string() + "': " + ec.message());
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) throw error("cannot commit checkpoint '" + dir.string() + "': " + ec.message());
+  detail::fsync_path(parent);
+  if (had_old) fs::remove_all(old, ec);
+  return total;
+}
+
+policy policy_from_config(const CheckpointerConfig& c, const std::string& run_id) {
+  policy p;
+  p.base_path = c.append_run_id_to_base_path ? fs::path(c.base_path) / run_id : fs::path(c.base_path);
+  p.save_interval = std::chrono::duration<double>(c.save_interval.seconds);
+  p.keep = c.keep;
+  p.delete_old_temp_checkpoints = c.delete_old_temp_checkpoints;
+  return p;
+}
+
+checkpointer::checkpointer(policy p, clock_fn now, log_fn log)
+    : p_(std::move(p)),
+      now_(now ? std::move(now) : clock_fn([] { return std::chrono::system_clock::now(); })),
+      log_(log ? std::move(log) : log_fn([](const std::string&) {})) {
+  for (std::size_t i = 1; i < p_.keep.size(); ++i) {
+    if (!p_.keep[i - 1].until) throw error("trainer.checkpointer.keep: only the last policy may omit 'until'");
+    if (p_.keep[i].until && *p_.keep[i - 1].until >= *p_.keep[i].until)
+      throw error("trainer.checkpointer.keep: policies must be sorted by increasing 'until'");
+  }
+  last_save_time_ = now_();
+  remove_abandoned_writes();
+  const auto found = discover(p_.base_path);
+  if (!found.checkpoints.empty() && p_.delete_old_temp_checkpoints && found.checkpoints.front().is_temporary) {
+    last_temporary_ = found.checkpoints.front().path;
+    log_("checkpointer: found temporary checkpoint " + last_temporary_->string() +
+         "; it is deleted after the next checkpoint commits");
+  }
+}
+
+checkpointer::~checkpointer() {
+  try {
+    wait();
+  } catch (...) {
+  }
+}
+
+std::optional<std::int64_t> checkpointer::step_interval(std::int64_t step) const {
+  for (const auto& k : p_.keep)
+    if (!k.until || *k.until >= step) return k.every;
+  return std::nullopt;
+}
+
+bool checkpointer::on_step(std::int64_t step, const std::function<std::vector<named_file>()>& make_files, bool force,
+                           const nlohmann::json& extra) {
+  rethrow_failure();
+  if (step == 0) {
+    last_save_time_ = now_();
+    if (!force) return false;
+  }
+  if (step == last_save_step_ && (saved_any_ || !force)) return false;
+  bool save = force, permanent = force;
+  const auto every = step_interval(step);
+  if (every && *every > 0 && step % *every == 0) {
+    save = true;
+    permanent = true;
+  } else if (!save && p_.save_interval.count() > 0 && now_() - last_save_time_ >= p_.save_interval) {
+    save = true;
+    permanent = false;
+  }
+  if (!save) return false;
+  wait();  // one write at a time
+  const auto t0 = std::chrono::steady_clock::now();
+  auto files = make_files();
+  snapshot_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  last_snapshot_seconds_ = snapshot_seconds_;
+  save_now(step, std::move(files), !permanent, extra);
+  return true;
+}
+
+void checkpointer::save_now(std::int64_t step, std::vector<named_file> files, bool is_temporary,
+                            const nlohmann::json& extra) {
+  wait();  // one write at a time; also rethrows
+  const fs::path dest = p_.base_path / ("step-" + std::to_string(step));
+  std::optional<fs::path> previous_temp = last_temporary_;
+  last_temporary_ = is_temporary ? std::optional<fs::path>(dest) : std::nullopt;
+  if (previous_temp && *previous_temp == dest) previous_temp.reset();
+  last_save_step_ = step;
+  saved_any_ = true;
+  last_save_time_ = now_();
+  const auto when = last_save_time_;
+  char copied[96] = "";
+  if (snapshot_seconds_ >= 0)
+    std::snprintf(copied, sizeof copied, " (state copied in %.3f s; written in the background)", snapshot_seconds_);
+  log_(std::string("checkpointer: saving ") + (is_temporary ? "temporary " : "") + "checkpoint " + dest.string() +
+       copied);
+  snapshot_seconds_ = -1;
+  busy_ = true;
+  worker_ = std::thread([this, dest, files = std::move(files), step, is_temporary, when, extra, previous_temp] {
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto bytes = write_checkpoint(dest, files, step, is_temporary, when, extra);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      last_write_seconds_ = secs;
+      last_write_bytes_ = bytes;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "checkpointer: committed %s (%.1f MB in %.2f s)", dest.string().c_str(),
+                    double(bytes) / 1e6, secs);
+      log_(buf);
+      if (previous_temp) delete_if_still_temporary(*previous_temp);
+    } catch (...) {
+      std::lock_guard lk(mu_);
+      failure_ = std::current_exception();
+    }
+  });
+}
+
+void checkpointer::wait() {
+  if (worker_.joinable()) worker_.join();
+  busy_ = false;
+  rethrow_failure();
+}
+
+void checkpointer::delete_if_still_temporary(const fs::path& dir) {
+  try {
+    const auto info = read_metadata(dir);
+    if (!info) {
+      log_("checkpointer: previous temporary checkpoint " + dir.string() + " is gone; nothing to delete");
+      return;
+    }
+    if (!info->is_temporary) {
+      log_("checkpointer: not deleting " + dir.string() + ": it is no longer temporary");
+      return;
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    log_("checkpointer: deleted previous temporary checkpoint " + dir.string());
+  } catch (const std::exception& e) {
+    log_(std::string("checkpointer: could not delete ") + dir.string() + ": " + e.what());
+  }
+}
+
+void checkpointer::remove_abandoned_writes() {
+  std::error_code ec;
+  if (!fs::is_directory(p_.base_path, ec)) return;
+  for (const auto& entry : fs::directory_iterator(p_.base_path, ec)) {
+    const auto name = entry.path().filename().string();
+    if (name.empty() || name[0] != '.') continue;
+    auto pos = name.rfind(".tmp-");
+    if (pos == std::string::npos) pos = name.rfind(".old-");
+    if (pos == std::string::npos) continue;
+    const std::string pid_text = name.substr(pos + 5);
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    fs::remove_all(entry.path(), ec);
+    if (!ec) log_("checkpointer: removed " + entry.path().string() + ", an unfinished write of a process that died");
+  }
+}
+
+void checkpointer::rethrow_failure() {
+  std::exception_ptr f;
+  {
+    std::lock_guard lk(mu_);
+    f = std::exchange(failure_, nullptr);
+  }
+  if (f) std::rethrow_exception(f);
+}
+
+}  // namespace levanter::checkpoint
