@@ -20,6 +20,7 @@
 // metadata.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <levanter/data/sources.hpp>
@@ -38,7 +39,7 @@ struct cache_options {
   int num_threads = 0;                      ///< tokenizing threads; 0 = std::thread::hardware_concurrency()
   std::int64_t docs_per_chunk = 1024;       ///< documents per work unit and commit (upstream `batch_size`)
   std::int64_t bytes_per_chunk = 32 << 20;  ///< a chunk also ends at this much raw input (`target_size_per_flush`)
-  bool fsync = true;                        ///< fdatasync data, offsets and ledger at each commit (power-loss safety)
+  bool fsync = true;                        ///< sync data, offsets, ledger (and its directory) at each commit
 };
 
 /// The function that turns a document into its row of tokens; called from several threads at once.
