@@ -1,6 +1,7 @@
 // Tests for haliax/ops/dot.hpp against a naive einsum on random data, covering every operand layout.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -12,33 +13,47 @@ using namespace test_axes;
 namespace hax = haliax;
 
 namespace {
-/// out[out_names] = sum over everything else of a * b (a naive einsum).
+/// out[out_names] = sum over everything else of a * b (a naive einsum). Each of a, b and out gets a stride for
+/// every axis name (0 where it lacks the axis), so the loop over all index combinations is plain arithmetic.
 std::vector<double> ref_dot(const host_tensor& a, const host_tensor& b, const std::vector<std::string>& out_names) {
   std::map<std::string, std::int64_t> size;
   for (std::size_t i = 0; i < a.names.size(); ++i) size[a.names[i]] = a.sizes[i];
   for (std::size_t i = 0; i < b.names.size(); ++i) size[b.names[i]] = b.sizes[i];
   std::vector<std::string> all;
-  for (auto& [k, v] : size) all.push_back(k);
-  std::int64_t total = 1;
-  for (auto& n : all) total *= size[n];
+  std::vector<std::int64_t> extent;
+  for (auto& [k, v] : size) {
+    all.push_back(k);
+    extent.push_back(v);
+  }
+  auto strides_of = [&](const std::vector<std::string>& names) {
+    std::vector<std::int64_t> stride(all.size(), 0);
+    std::int64_t s = 1;
+    for (auto it = names.rbegin(); it != names.rend(); ++it) {
+      stride[static_cast<std::size_t>(std::find(all.begin(), all.end(), *it) - all.begin())] = s;
+      s *= size[*it];
+    }
+    return stride;
+  };
+  const auto sa = strides_of(a.names), sb = strides_of(b.names), so = strides_of(out_names);
   std::int64_t out_count = 1;
   for (auto& n : out_names) out_count *= size[n];
-  std::vector<double> out(out_count, 0.0);
-  std::map<std::string, std::int64_t> idx;
-  auto offset = [&](const std::vector<std::string>& names) {
-    std::int64_t o = 0;
-    for (auto& n : names) o = o * size[n] + idx[n];
-    return o;
-  };
-  for (std::int64_t t = 0; t < total; ++t) {
-    std::int64_t r = t;
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      idx[*it] = r % size[*it];
-      r /= size[*it];
+  std::vector<double> out(static_cast<std::size_t>(out_count), 0.0);
+  std::vector<std::int64_t> idx(all.size(), 0);
+  std::int64_t oa = 0, ob = 0, oo = 0;  // the three offsets of the current index combination
+  while (true) {
+    out[static_cast<std::size_t>(oo)] += a.data[static_cast<std::size_t>(oa)] * b.data[static_cast<std::size_t>(ob)];
+    std::size_t d = all.size();
+    while (d > 0) {  // odometer step over the last axis first
+      --d;
+      ++idx[d];
+      oa += sa[d], ob += sb[d], oo += so[d];
+      if (idx[d] < extent[d]) break;
+      oa -= sa[d] * extent[d], ob -= sb[d] * extent[d], oo -= so[d] * extent[d];
+      idx[d] = 0;
+      if (d == 0) return out;
     }
-    out[offset(out_names)] += a.data[offset(a.names)] * b.data[offset(b.names)];
+    if (all.empty()) return out;
   }
-  return out;
 }
 
 template <class R>

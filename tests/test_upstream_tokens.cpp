@@ -134,7 +134,7 @@ TEST_CASE("train_lm's caches of the upstream regression config hold upstream's t
   CHECK(meta.at("bos_eos_as_text") == true);
 }
 
-TEST_CASE("GPT-2 style: every document is [EOS] + encode(\" \" + text + \" \") + [EOS]") {
+TEST_CASE("GPT-2 style: every document is EOS, encode(space + text + space), EOS") {
   const auto tok = ld::tokenizer::from_file((golden_dir / "tokenizers" / "gpt2_style").string());
   REQUIRE(tok.eos_id() == std::optional<std::int32_t>(0));
   const auto encode = ld::make_encode_fn(tok, true, true);
