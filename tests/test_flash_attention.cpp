@@ -1,0 +1,208 @@
+// Tests for flash_attention (nn/attention.hpp): equal to plain attention in values and gradients across masks,
+// layouts and block shapes, finite-difference gradients, thread-count independence, and its errors.
+#include "attention_helpers.hpp"
+
+// ---------------------------------------------------------------------------------------------------------
+// Flash attention against the plain one
+
+namespace {
+
+/// Plain attention with the mask flash_attention builds from its options (and segment ids when given).
+template <class T>
+auto plain_like_flash(const qkv<T>& x, const nn::flash_attention_options& o,
+                      const named_array<std::int32_t, axes<Batch, Pos>>* seg = nullptr) {
+  const auto P = x.q.sized(Pos);
+  const auto N = x.k.sized(KPos);
+  auto base = o.sliding_window > 0 ? nn::sliding_window_mask(P, N, o.sliding_window, o.q_start, o.k_start)
+              : o.causal           ? nn::causal_mask(P, N, o.q_start, o.k_start)
+                                   : hax::full<bool>(true, P, N);
+  nn::attention_options po{o.scale};
+  if (seg) return nn::dot_product_attention(x.q, x.k, x.v, KPos, Key, base && nn::segment_mask(*seg, Pos, KPos), po);
+  return nn::dot_product_attention(x.q, x.k, x.v, KPos, Key, base && hax::full<bool>(true, x.q.sized(Batch), P, N), po);
+}
+
+template <class T>
+auto flash_of(const qkv<T>& x, const nn::flash_attention_options& o,
+              const named_array<std::int32_t, axes<Batch, Pos>>* seg = nullptr) {
+  if (seg) return nn::flash_attention(x.q, x.k, x.v, Pos, KPos, Key, *seg, hax::rename(*seg, Pos, KPos), o);
+  return nn::flash_attention(x.q, x.k, x.v, Pos, KPos, Key, o);
+}
+
+}  // namespace
+
+TEST_CASE("flash_attention equals plain attention: causal, window, segments, offsets, ragged blocks") {
+  struct config {
+    const char* name;
+    std::int64_t p, n;
+    nn::flash_attention_options o;
+    bool segments;
+  };
+  const std::vector<config> configs = {
+      {"causal, one block", 8, 8, {}, false},
+      {"causal, ragged blocks", 37, 37, {.block_q = 8, .block_k = 16}, false},
+      {"causal, block_k < block_q", 29, 29, {.block_q = 16, .block_k = 5}, false},
+      {"not causal", 21, 13, {.causal = false, .block_q = 4, .block_k = 6}, false},
+      {"sliding window 5", 33, 33, {.sliding_window = 5, .block_q = 8, .block_k = 8}, false},
+      {"sliding window 1", 12, 12, {.sliding_window = 1, .block_q = 5, .block_k = 3}, false},
+      {"segments", 40, 40, {.block_q = 8, .block_k = 8}, true},
+      {"segments + window", 40, 40, {.sliding_window = 6, .block_q = 16, .block_k = 4}, true},
+      {"decode chunk (q_start)", 6, 19, {.q_start = 13, .block_q = 4, .block_k = 4}, false},
+      {"explicit scale", 17, 17, {.scale = 0.7, .block_q = 4, .block_k = 8}, false},
+  };
+  for (const auto& c : configs) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    auto x = random_qkv<double>(20, 2, c.p, c.n, 3, 4, 1.5);
+    named_array<std::int32_t, axes<Batch, Pos>> seg;
+    if (c.segments) {
+      // Documents of lengths 3, 11, 1, 20, 5 in row 0; 25, 15 in row 1 (boundaries inside blocks).
+      std::vector<std::int32_t> ids;
+      for (std::int32_t d : {0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 3, 3, 3, 3, 3,
+                             3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4})
+        ids.push_back(d);
+      for (int i = 0; i < 40; ++i) ids.push_back(i < 25 ? 7 : 8);
+      seg = hax::from_host(ids, 2 * Batch, c.p * Pos);
+    }
+    const auto* sp = c.segments ? &seg : nullptr;
+    auto want = plain_like_flash(x, c.o, sp);
+    auto got = flash_of(x, c.o, sp);
+    static_assert(std::is_same_v<decltype(got), q_array<double>>);
+    check_close(host(got), host(want), 1e-12, 1e-13);
+
+    // float against the double plain version
+    qkv<float> xf{hax::astype<float>(x.q), hax::astype<float>(x.k), hax::astype<float>(x.v)};
+    check_close(host(flash_of(xf, c.o, sp)), host(want), 2e-5, 2e-6);
+  }
+}
+
+TEST_CASE("flash_attention: other layouts (heads before positions, value head axis of its own)") {
+  auto q = random_array<double>(30, 3 * Head, 19 * Pos, 4 * Key);
+  auto k = random_array<double>(31, 19 * KPos, 3 * Head, 4 * Key);
+  auto v = random_array<double>(32, 3 * Head, 19 * KPos, 6 * Embed);
+  nn::flash_attention_options o{.block_q = 8, .block_k = 8};
+  auto y = nn::flash_attention(q, k, v, Pos, KPos, Key, o);
+  static_assert(std::is_same_v<decltype(y), named_array<double, axes<Head, Pos, Embed>>>);
+  auto want = nn::dot_product_attention(q, k, v, KPos, Key, nn::causal_mask(19 * Pos, 19 * KPos));
+  check_close(host(y), host(want), 1e-12, 1e-13);
+}
+
+namespace {
+/// Operands whose head axes are not innermost (flash_attention packs them before its kernels).
+struct outer_heads {
+  BOOST_HANA_DEFINE_STRUCT(outer_heads, (named_array<double, axes<Key, Head, Pos>>, q),
+                           (named_array<double, axes<Key, KPos, Head>>, k),
+                           (named_array<double, axes<Embed, KPos, Head>>, v));
+};
+}  // namespace
+
+TEST_CASE("flash_attention: operands with the head axis outermost (packed path), values and gradients") {
+  auto q = random_array<double>(33, 2 * Head, 11 * Pos, 3 * Key);
+  auto k = random_array<double>(34, 11 * KPos, 2 * Head, 3 * Key);
+  auto v = random_array<double>(35, 2 * Head, 11 * KPos, 4 * Embed);
+  outer_heads x{hax::rearrange<axes<Key, Head, Pos>>(q), hax::rearrange<axes<Key, KPos, Head>>(k),
+                hax::rearrange<axes<Embed, KPos, Head>>(v)};
+  nn::flash_attention_options o{.block_q = 4, .block_k = 4};
+  auto f = [&](const outer_heads& m) { return nn::flash_attention(m.q, m.k, m.v, Pos, KPos, Key, o); };
+  auto y = f(x);
+  static_assert(std::is_same_v<decltype(y), named_array<double, axes<Head, Pos, Embed>>>);
+  check_close(host(y), host(nn::flash_attention(q, k, v, Pos, KPos, Key, o)), 1e-13, 1e-14);
+  gradcheck::check_output_gradient(f, x);
+}
+
+TEST_CASE("flash_attention gradients match finite differences") {
+  struct config {
+    const char* name;
+    nn::flash_attention_options o;
+    bool segments;
+  };
+  const std::vector<config> configs = {
+      {"causal", {.block_q = 3, .block_k = 4}, false},
+      {"window", {.sliding_window = 3, .block_q = 4, .block_k = 2}, false},
+      {"segments", {.block_q = 4, .block_k = 3}, true},
+      {"not causal, one tile", {.causal = false}, false},
+  };
+  auto seg = hax::from_host<std::int32_t>({0, 0, 0, 1, 1, 2, 2, 2, 2, 5, 5, 5, 5, 5, 6, 6}, 2 * Batch, 8 * Pos);
+  for (const auto& c : configs) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    auto x = random_qkv<double>(40, 2, 8, 8, 2, 3, 1.5);
+    const auto* sp = c.segments ? &seg : nullptr;
+    gradcheck::check_output_gradient([&](const qkv<double>& m) { return flash_of(m, c.o, sp); }, x);
+  }
+}
+
+TEST_CASE("flash_attention gradients equal the plain attention's") {
+  struct config {
+    const char* name;
+    std::int64_t p;
+    nn::flash_attention_options o;
+    bool segments;
+  };
+  const std::vector<config> configs = {
+      {"causal", 37, {.block_q = 8, .block_k = 16}, false},
+      {"window", 33, {.sliding_window = 7, .block_q = 8, .block_k = 4}, false},
+      {"segments", 40, {.block_q = 16, .block_k = 8}, true},
+      {"not causal", 23, {.causal = false, .block_q = 8, .block_k = 8}, false},
+  };
+  std::vector<std::int32_t> ids;
+  for (int i = 0; i < 80; ++i) ids.push_back(i < 40 ? (i < 9 ? 0 : i < 30 ? 1 : 2) : (i < 62 ? 3 : 4));
+  auto seg = hax::from_host(ids, 2 * Batch, 40 * Pos);
+  for (const auto& c : configs) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    auto x = random_qkv<double>(50, 2, c.p, c.p, 3, 5, 1.5);
+    const auto* sp = c.segments ? &seg : nullptr;
+    auto g_flash = grads_of<double>([&](const qkv<double>& m) { return flash_of(m, c.o, sp); }, x);
+    auto g_plain = grads_of<double>([&](const qkv<double>& m) { return plain_like_flash(m, c.o, sp); }, x);
+    check_grads_close(g_flash, g_plain, 1e-10, 1e-12);
+
+    qkv<float> xf{hax::astype<float>(x.q), hax::astype<float>(x.k), hax::astype<float>(x.v)};
+    auto gf = grads_of<float>([&](const qkv<float>& m) { return flash_of(m, c.o, sp); }, xf);
+    check_close(host(gf.q), host(g_plain.q), 1e-4, 2e-5);
+    check_close(host(gf.k), host(g_plain.k), 1e-4, 2e-5);
+    check_close(host(gf.v), host(g_plain.v), 1e-4, 2e-5);
+  }
+}
+
+TEST_CASE("dot_product_attention gradients match finite differences") {
+  auto x = random_qkv<double>(60, 2, 5, 6, 2, 3, 1.5);
+  auto mask = nn::causal_mask(5 * Pos, 6 * KPos, 1);
+  gradcheck::check_output_gradient(
+      [&](const qkv<double>& m) { return nn::dot_product_attention(m.q, m.k, m.v, KPos, Key, mask); }, x);
+}
+
+TEST_CASE("flash_attention results do not depend on the thread count") {
+  const int saved = hax::num_threads();
+  auto x = random_qkv<float>(70, 1, 300, 300, 5, 16);
+  nn::flash_attention_options o{.sliding_window = 200, .block_q = 64, .block_k = 32};
+  auto run = [&] {
+    auto y = flash_of(x, o);
+    auto g = grads_of<float>([&](const qkv<float>& m) { return flash_of(m, o); }, x);
+    return std::vector<std::vector<float>>{y.to_host(), g.q.to_host(), g.k.to_host(), g.v.to_host()};
+  };
+  hax::set_num_threads(1);
+  auto one = run();
+  hax::set_num_threads(3);
+  auto three = run();
+  hax::set_num_threads(saved);
+  for (std::size_t i = 0; i < one.size(); ++i) CHECK(one[i] == three[i]);
+}
+
+TEST_CASE("flash_attention: a query that sees no key gives zeros and zero gradients") {
+  // Keys start after the first query: query 0 sees nothing.
+  auto x = random_qkv<double>(80, 1, 4, 4, 1, 2);
+  nn::flash_attention_options o{.k_start = 1, .block_q = 2, .block_k = 2};
+  auto y = host(flash_of(x, o));
+  CHECK(y[0] == 0.0);
+  CHECK(y[1] == 0.0);
+  gradcheck::check_output_gradient([&](const qkv<double>& m) { return flash_of(m, o); }, x);
+}
+
+TEST_CASE("flash_attention: size errors name the shapes") {
+  auto q = random_array<double>(1, 4 * Pos, 2 * Key);
+  auto k = random_array<double>(2, 4 * KPos, 3 * Key);
+  auto v = random_array<double>(3, 4 * KPos, 3 * Key);
+  CHECK_THROWS_AS(nn::flash_attention(q, k, v, Pos, KPos, Key), hax::shape_error);
+  auto k2 = random_array<double>(2, 4 * KPos, 2 * Key);
+  CHECK_THROWS_AS(nn::flash_attention(q, k2, v, Pos, KPos, Key, {.block_q = 0}), std::invalid_argument);
+}
