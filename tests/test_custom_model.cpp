@@ -57,7 +57,7 @@ struct TinyLm {
     levanter::lm_hidden x = wte.embed(tokens);
     return x + mlp(ln(x));
   }
-  const hax::named_array<float, hax::axes<Embed, Vocab>>& lm_head() const { return head.weight; }
+  const hax::named_array<float, hax::axes<Embed, Vocab>>& get_lm_head() const { return head.weight; }
   std::int64_t vocab_size() const { return wte.weight.size(Vocab); }
 };
 

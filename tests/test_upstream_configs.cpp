@@ -46,13 +46,14 @@ std::string key_of(const std::string& msg) {
   return {};
 }
 
-outcome run(const fs::path& file, const std::string& dir) {
+outcome run(const fs::path& file, const std::string& dir, const std::vector<std::string>& extra = {}) {
   outcome o;
   const std::string path = file.string();
-  const char* argv[] = {"train_lm", "--config_path", path.c_str()};
+  std::vector<const char*> argv = {"train_lm", "--config_path", path.c_str()};
+  for (const auto& e : extra) argv.push_back(e.c_str());
   auto first_line = [&](const std::string& s) { return replace_all(s.substr(0, s.find('\n')), dir, ""); };
   try {
-    auto r = config::parse_command_line<TrainLmConfig>(3, argv);
+    auto r = config::parse_command_line<TrainLmConfig>(static_cast<int>(argv.size()), argv.data());
     auto v = levanter::validate_train_lm(r.config, r.sources);
     for (const auto& n : v.notes) o.notes.push_back(replace_all(n, dir, ""));
     if (v.ok()) {
@@ -69,9 +70,12 @@ outcome run(const fs::path& file, const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("upstream configs resolve or are refused naming the key") {
+namespace {
+
+/// Runs every upstream config (with `extra` arguments after it) and compares the outcomes with `expected_name`.
+void check_all(const std::string& expected_name, const std::vector<std::string>& extra) {
   const fs::path root = fs::path(LEVANTER_SOURCE_DIR) / "tests" / "upstream-config";
-  const fs::path expected_file = fs::path(LEVANTER_SOURCE_DIR) / "tests" / "upstream-config-expected.txt";
+  const fs::path expected_file = fs::path(LEVANTER_SOURCE_DIR) / "tests" / expected_name;
   const std::string dir = root.string() + "/";
   std::vector<fs::path> files;
   for (const auto& e : fs::recursive_directory_iterator(root))
@@ -85,7 +89,7 @@ TEST_CASE("upstream configs resolve or are refused naming the key") {
     const std::string rel = fs::relative(f, root).generic_string();
     outcome o;
     try {
-      o = run(f, dir);
+      o = run(f, dir, extra);
     } catch (const std::exception& e) {
       FAIL_CHECK(rel << ": internal error (not a config_error): " << e.what());
       continue;
@@ -130,4 +134,19 @@ TEST_CASE("upstream configs resolve or are refused naming the key") {
       if (!b.count(k)) diff += "  expected: " + v + "\n  actual:   <absent>\n";
     FAIL_CHECK("upstream-config outcomes changed (rerun with LEVANTER_UPDATE_EXPECTED=1 if intended):\n" << diff);
   }
+}
+
+}  // namespace
+
+TEST_CASE("upstream configs resolve or are refused naming the key") { check_all("upstream-config-expected.txt", {}); }
+
+TEST_CASE("upstream configs with local data and tracker resolve or name their real first blocker") {
+  // What a user does to try an upstream config here: point the data at local files and log locally instead of
+  // to Weights & Biases (the model and the rest of the trainer section are upstream's). The Llama, Mistral and
+  // Qwen configs resolve this way unless something else blocks them, which the expected file names.
+  const std::string local = std::string(LEVANTER_SOURCE_DIR) + "/tests/golden/upstream_train_lm";
+  check_all("upstream-config-expected-local-data.txt",
+            {"--data.train_urls", "[\"" + local + "/train.jsonl\"]", "--data.validation_urls",
+             "[\"" + local + "/validation.jsonl\"]", "--data.cache_dir", "/tmp/levanter-upstream-config-cache",
+             "--data.tokenizer", "byte", "--trainer.tracker", "{type: json_logger}"});
 }

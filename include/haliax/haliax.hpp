@@ -20,4 +20,5 @@
 #include "nn/mlp.hpp"
 #include "nn/stacked.hpp"
 #include "nn/attention.hpp"
+#include "nn/rotary.hpp"
 #include "nn/loss.hpp"

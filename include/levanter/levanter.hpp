@@ -39,6 +39,7 @@
 #include <levanter/main/viz_lm.hpp>
 #include <levanter/models/gpt2.hpp>
 #include <levanter/models/gpt2_hf.hpp>
+#include <levanter/models/llama_hf.hpp>
 #include <levanter/models/lm.hpp>
 #include <levanter/models/registry.hpp>
 #include <levanter/optim/adamw.hpp>

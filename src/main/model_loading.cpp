@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include <levanter/models/gpt2_hf.hpp>
+#include <levanter/models/llama_hf.hpp>
 #include <levanter/models/registry.hpp>
 
 namespace levanter {
@@ -53,8 +54,9 @@ ModelChoice model_choice_for_hf(const hf::hf_dir& d) {
   auto try_one = [&]<class C>(std::type_identity<C>) {
     using M = model_of_t<C>;
     if constexpr (hf::HfConvertible<M>) {
-      known += (known.empty() ? "" : ", ") + std::string(hf::hf_adapter<M>::model_type);
-      if (!found && d.model_type == hf::hf_adapter<M>::model_type) {
+      constexpr std::string_view t = hf::hf_model_type_for<C, M>();
+      known += (known.empty() ? "" : ", ") + std::string(t);
+      if (!found && d.model_type == t) {
         out.value = C{};
         found = true;
       }

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "../core.hpp"
 #include "../ops/dot.hpp"
@@ -28,15 +29,17 @@ namespace haliax::nn {
 template <class Have, class In, class Out>
 concept LinearInput = HasAxes<Have, In> && LacksAxes<Have, Out>;
 
-template <class In, class Out, class Pre = axes<>, class T = float>
+template <class In, class Out, class Pre = axes<>, class T = float, bool OutFirst = false>
 struct Linear;
 
 /// y = x . W + b, contracting the `In` axes of `x` with W's and producing the `Out` axes (upstream
-/// `haliax.nn.Linear`, weight laid out {In..., Out...} as GPT-2's Conv1D). Every other axis of `x` is kept.
-/// Parameters: `weight` {Pre..., In..., Out...}, optional `bias` {Pre..., Out...}.
-template <auto... I, auto... O, auto... P, class T>
-struct Linear<axes<I...>, axes<O...>, axes<P...>, T> {
-  using weight_type = named_array<T, axes<P..., I..., O...>>;
+/// `haliax.nn.Linear`). Every other axis of `x` is kept. Parameters: `weight` {Pre..., In..., Out...} (GPT-2's
+/// Conv1D layout), or {Pre..., Out..., In...} with `OutFirst` (upstream `out_first=True`, torch's nn.Linear
+/// layout, which the Llama family uses), and an optional `bias` {Pre..., Out...}.
+template <auto... I, auto... O, auto... P, class T, bool OutFirst>
+struct Linear<axes<I...>, axes<O...>, axes<P...>, T, OutFirst> {
+  using weight_type =
+      std::conditional_t<OutFirst, named_array<T, axes<P..., O..., I...>>, named_array<T, axes<P..., I..., O...>>>;
   using bias_type = named_array<T, axes<P..., O...>>;
   using in_types = axis_types<std::remove_cvref_t<decltype(I)>...>;
   using out_types = axis_types<std::remove_cvref_t<decltype(O)>...>;
@@ -46,15 +49,20 @@ struct Linear<axes<I...>, axes<O...>, axes<P...>, T> {
   BOOST_HANA_DEFINE_STRUCT(Linear, (weight_type, weight), (std::optional<bias_type>, bias));
 
   /// Upstream initialisation: weight ~ truncated_normal(-3, 3) * init_scale / sqrt(fan_in) with fan_in the
-  /// product of the In sizes; bias zero. Sizes are given In first, then Out:
+  /// product of the In sizes (drawn in the weight's own layout, so Out first with `OutFirst`); bias zero. Sizes
+  /// are given In first, then Out:
   /// `Linear<axes<Embed>, axes<Heads, HeadSize>>::init(k, 768 * Embed, 12 * Heads, 64 * HeadSize)`.
   static Linear init(random::key k, sized_axis<std::remove_cvref_t<decltype(I)>>... in,
                      sized_axis<std::remove_cvref_t<decltype(O)>>... out, bool use_bias = true,
                      double init_scale = 1.0) requires(sizeof...(P) == 0 && std::is_same_v<T, float>) {
     const double fan_in = static_cast<double>((in.size * ... * std::int64_t{1}));
     Linear m;
-    auto w = random::truncated_normal(k, in..., out..., -3.0f, 3.0f);
-    m.weight = multiply(w, static_cast<float>(init_scale / std::sqrt(fan_in)));
+    if constexpr (OutFirst)
+      m.weight = multiply(random::truncated_normal(k, out..., in..., -3.0f, 3.0f),
+                          static_cast<float>(init_scale / std::sqrt(fan_in)));
+    else
+      m.weight = multiply(random::truncated_normal(k, in..., out..., -3.0f, 3.0f),
+                          static_cast<float>(init_scale / std::sqrt(fan_in)));
     if (use_bias) m.bias = zeros<float>(out...);
     return m;
   }

@@ -97,19 +97,39 @@ void check_model_type(const hf_dir& d, std::string_view want);
 /// becomes one tensor per layer.
 void host_copy(const std::string& name, const float* data, std::size_t n, const std::string& pattern,
                std::int64_t layers, std::map<std::string, std::vector<float>>& out);
+/// Refuses a directory whose model_type adapter `A` does not read (an adapter for a family of model types says
+/// which with `reads_model_type`; its from_hf_config then matches the type to the config).
+template <class A>
+void check_adapter_type(const hf_dir& d) {
+  if constexpr (requires { A::reads_model_type(std::string_view{}); }) {
+    if (!A::reads_model_type(d.model_type)) check_model_type(d, A::model_type);
+  } else {
+    check_model_type(d, A::model_type);
+  }
+}
 }  // namespace detail
+
+/// The config.json model_type that config type `C` reads and writes: `C::hf_model_type` for a config type of a
+/// family sharing one model (the Llama family), else the adapter's.
+template <class C, class M>
+constexpr std::string_view hf_model_type_for() {
+  if constexpr (requires { C::hf_model_type; })
+    return C::hf_model_type;
+  else
+    return hf_adapter<M>::model_type;
+}
 
 /// The model config of an HF directory's config.json, starting from `base` (our own settings are kept).
 template <HfConvertible M>
 typename M::config_type config_from_hf(const typename M::config_type& base, const hf_dir& d) {
-  detail::check_model_type(d, hf_adapter<M>::model_type);
+  detail::check_adapter_type<hf_adapter<M>>(d);
   return hf_adapter<M>::from_hf_config(base, d.config, d.dir + "/config.json");
 }
 
 /// Throws error when `d` holds another architecture than `c` (set use_hf_model_config to take the checkpoint's).
 template <HfConvertible M>
 void check_matches(const typename M::config_type& c, const hf_dir& d, const std::string& where) {
-  detail::check_model_type(d, hf_adapter<M>::model_type);
+  detail::check_adapter_type<hf_adapter<M>>(d);
   hf_adapter<M>::check_matches(c, d.config, where);
 }
 
@@ -130,7 +150,7 @@ nlohmann::json hf_config_json(const typename M::config_type& c, std::int64_t voc
 template <HfConvertible M>
 void load(const hf_dir& d, M& m) {
   using A = hf_adapter<M>;
-  detail::check_model_type(d, A::model_type);
+  detail::check_adapter_type<A>(d);
   std::set<std::string> used;
   auto read = [&](const std::string& name, std::size_t want) {
     const std::string full = A::full_name(d, name);

@@ -154,7 +154,7 @@ void import_hf_to_lm_with(const ImportHfConfig& cfg, const hf::hf_dir& d, const 
     auto model = M::init(mc, d.vocab_size, haliax::random::make_key(0));
     hf::load(d, model);
     ImportHfConfig with_model = cfg;
-    with_model.model.value = mc;
+    with_model.model = as_model_choice(mc);
     auto files = checkpoint::train_state_files<M>(model, nullptr, 0, haliax::random::key{}, 0, "");
     detail::write_imported_checkpoint(with_model, std::move(files), d.vocab_size, haliax::tree::parameter_count(model), out);
   } else {
@@ -166,9 +166,14 @@ void import_hf_to_lm_with(const ImportHfConfig& cfg, const hf::hf_dir& d, const 
 }  // namespace levanter
 
 #include <levanter/models/gpt2_hf.hpp>  // the built-in models, with their Hugging Face adapters
+#include <levanter/models/llama_hf.hpp>
 namespace levanter {
 extern template std::vector<std::string> export_lm_to_hf_with<gpt2::LMHeadModel>(const detail::export_job&,
                                                                                  const Gpt2Config&, std::ostream&);
 extern template void import_hf_to_lm_with<gpt2::LMHeadModel>(const ImportHfConfig&, const hf::hf_dir&,
                                                              const Gpt2Config&, std::ostream&);
+extern template std::vector<std::string> export_lm_to_hf_with<llama::LMHeadModel>(const detail::export_job&,
+                                                                                  const LlamaConfig&, std::ostream&);
+extern template void import_hf_to_lm_with<llama::LMHeadModel>(const ImportHfConfig&, const hf::hf_dir&,
+                                                              const LlamaConfig&, std::ostream&);
 }  // namespace levanter

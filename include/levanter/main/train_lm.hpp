@@ -142,7 +142,7 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
     run.tracker().log_hyperparameters(hparams);
   }
   log("run " + run.id() + " -> " + run.dir().string());
-  log(detail::describe_run(M::config_type::type_name, haliax::tree::parameter_count(state.model), vocab, data,
+  log(detail::describe_run(model_type_name(mc), haliax::tree::parameter_count(state.model), vocab, data,
                            mc.seq_len));
 
   // Evaluation every steps_per_eval steps and at the end (upstream's TaggedEvaluator hook).
@@ -233,8 +233,12 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
 
 // The built-in model types are instantiated once, in the library (src/models/*_programs.cpp).
 #include <levanter/models/gpt2_hf.hpp>  // the built-in models, with their Hugging Face adapters
+#include <levanter/models/llama_hf.hpp>
 namespace levanter {
 extern template train_result run_train_lm<gpt2::LMHeadModel>(const TrainLmConfig&, Gpt2Config, const std::string&,
                                                              std::ostream&,
                                                              const std::vector<hook<gpt2::LMHeadModel>>&);
+extern template train_result run_train_lm<llama::LMHeadModel>(const TrainLmConfig&, LlamaConfig, const std::string&,
+                                                              std::ostream&,
+                                                              const std::vector<hook<llama::LMHeadModel>>&);
 }  // namespace levanter

@@ -69,7 +69,7 @@ struct levanter::config::schema<levanter::TrainLmConfig> {
   static constexpr auto fields = std::make_tuple(
       field("data", &T::data, "training and validation data"),
       field("trainer", &T::trainer, "training loop settings"),
-      field("model", &T::model, "model architecture (type: gpt2)"),
+      field("model", &T::model, "model architecture (type: gpt2, llama, mistral, qwen, qwen3)"),
       field("optimizer", &T::optimizer, "optimizer and learning-rate schedule (type: adam)"),
       field("initialize_from_hf", &T::initialize_from_hf, "start from a local Hugging Face GPT-2 directory (config.json + safetensors)"),
       field("use_hf_model_config", &T::use_hf_model_config, "take the model config from the HF checkpoint"),

@@ -161,7 +161,10 @@ std::vector<std::string> run_viz_logprobs_with(const detail::viz_job& job, std::
 }  // namespace levanter
 
 #include <levanter/models/gpt2_hf.hpp>  // the built-in models, with their Hugging Face adapters
+#include <levanter/models/llama_hf.hpp>
 namespace levanter {
 extern template std::vector<std::string> run_viz_logprobs_with<gpt2::LMHeadModel>(const detail::viz_job&,
                                                                                   std::ostream&);
+extern template std::vector<std::string> run_viz_logprobs_with<llama::LMHeadModel>(const detail::viz_job&,
+                                                                                   std::ostream&);
 }  // namespace levanter

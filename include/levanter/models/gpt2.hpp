@@ -94,12 +94,12 @@ struct LMHeadModel {
                      const forward_options& o = {}) const;
 
   /// The LM head: the token embedding table {vocab, embed} (GPT-2's head is tied).
-  const named_array<float, axes<Vocab, Embed>>& lm_head() const { return embeddings.token_embeddings.weight; }
+  const named_array<float, axes<Vocab, Embed>>& get_lm_head() const { return embeddings.token_embeddings.weight; }
 
   /// Logits {batch, position, vocab} (the tied head: hidden · token embeddings).
   lm_logits_array logits(const Gpt2Config& cfg, const token_batch& tokens, const token_batch& segments,
                          const forward_options& o = {}) const {
-    return lm_head_logits(activations(cfg, tokens, segments, o), lm_head());
+    return lm_head_logits(activations(cfg, tokens, segments, o), get_lm_head());
   }
 };
 

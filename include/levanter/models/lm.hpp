@@ -119,7 +119,7 @@ concept LmModel = LmConfig<typename M::config_type> && boost::hana::Struct<M>::v
                            const forward_options& o, hax::random::key k, std::int64_t vocab) {
   { M::init(c, vocab, k) } -> std::same_as<M>;
   { m.activations(c, tokens, tokens, o) } -> std::same_as<lm_hidden>;
-  { m.lm_head() } -> LmHeadWeight;
+  { m.get_lm_head() } -> LmHeadWeight;
   { m.vocab_size() } -> std::convertible_to<std::int64_t>;
 };
 
@@ -152,7 +152,7 @@ hax::nn::checkpoint_policy checkpoint_policy_of(const C& c) {
 template <LmModel M>
 scalar compute_next_token_loss(const M& m, const typename M::config_type& c, const lm_example& ex,
                                double z_loss_weight = 0.0, const forward_options& o = {}) {
-  return next_token_loss(m.activations(c, ex.tokens, ex.segment_ids, o), m.lm_head(), ex,
+  return next_token_loss(m.activations(c, ex.tokens, ex.segment_ids, o), m.get_lm_head(), ex,
                          loss_options{z_loss_weight, cross_entropy_block_size_of(c)});
 }
 
@@ -160,7 +160,7 @@ scalar compute_next_token_loss(const M& m, const typename M::config_type& c, con
 template <LmModel M>
 lm_logits_array lm_logits(const M& m, const typename M::config_type& c, const token_batch& tokens,
                           const token_batch& segment_ids, const forward_options& o = {}) {
-  return lm_head_logits(m.activations(c, tokens, segment_ids, o), m.lm_head());
+  return lm_head_logits(m.activations(c, tokens, segment_ids, o), m.get_lm_head());
 }
 
 }  // namespace levanter

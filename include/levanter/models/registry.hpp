@@ -17,11 +17,45 @@
 
 #include <levanter/config/types.hpp>
 #include <levanter/models/gpt2_config.hpp>
+#include <levanter/models/llama_config.hpp>
 
 namespace levanter {
 
-/// `model:`; other upstream model types are refused by name (see unsupported_choices below).
-using ModelChoice = config::Choice<Gpt2Config>;
+/// `model:`; other upstream model types are refused by name (see unsupported_choices below). The Llama family's
+/// four types share one model (llama::LMHeadModel), whose config_type is LlamaConfig.
+using ModelChoice = config::Choice<Gpt2Config, LlamaConfig, MistralConfig, QwenConfig, Qwen3Config>;
+
+/// The `type:` name of a model config (a config type shared by several types says which by its family).
+template <class C>
+std::string_view model_type_name(const C& c) {
+  if constexpr (std::is_base_of_v<LlamaConfig, C>)
+    return family_type_name(c.family);
+  else
+    return C::type_name;
+}
+
+/// The `model:` choice holding config `c`, under its own `type:` (a LlamaConfig of the mistral family becomes a
+/// MistralConfig again).
+template <class C>
+ModelChoice as_model_choice(const C& c) {
+  ModelChoice r;
+  if constexpr (std::is_base_of_v<LlamaConfig, C>) {
+    auto put = [&]<class T>(std::type_identity<T>) {
+      T t;
+      static_cast<LlamaConfig&>(t) = c;
+      r.value = t;
+    };
+    switch (c.family) {
+      case llama_family::llama: put(std::type_identity<LlamaConfig>{}); break;
+      case llama_family::mistral: put(std::type_identity<MistralConfig>{}); break;
+      case llama_family::qwen2: put(std::type_identity<QwenConfig>{}); break;
+      case llama_family::qwen3: put(std::type_identity<Qwen3Config>{}); break;
+    }
+  } else {
+    r.value = c;
+  }
+  return r;
+}
 
 template <class C>
 struct model_of;
@@ -43,10 +77,9 @@ decltype(auto) with_model(const ModelChoice& choice, F&& f) {
 template <>
 struct levanter::config::unsupported_choices<levanter::ModelChoice> {
   static constexpr unsupported_choice names[] = {
-      {"llama", "use type: gpt2"},      {"mistral", "use type: gpt2"},  {"mixtral", "use type: gpt2"},
-      {"qwen", "use type: gpt2"},       {"qwen3", "use type: gpt2"},    {"olmo2", "use type: gpt2"},
-      {"gemma", "use type: gpt2"},      {"gemma2", "use type: gpt2"},   {"gemma3", "use type: gpt2"},
-      {"whisper", "use type: gpt2"},    {"gpt2_hyena", "use type: gpt2"}, {"backpack", "use type: gpt2"},
-      {"mpt", "use type: gpt2"},
+      {"mixtral", "use type: mistral (dense) or llama"}, {"olmo2", "use type: llama"},
+      {"gemma", "use type: llama"},     {"gemma2", "use type: llama"},  {"gemma3", "use type: llama"},
+      {"whisper", "use type: gpt2 or llama"}, {"gpt2_hyena", "use type: gpt2"}, {"backpack", "use type: gpt2"},
+      {"mpt", "use type: gpt2 or llama"},
   };
 };

@@ -1,0 +1,142 @@
+// levanter/models/llama.hpp: the Llama family as upstream Levanter's LlamaLMHeadModel (also Mistral, Qwen2 and
+// Qwen3, see llama_config.hpp): token embeddings, decoder layers stacked over `layers` (RMSNorm → grouped-query
+// attention with RoPE → residual, RMSNorm → SwiGLU MLP → residual), a final RMSNorm and an LM head (a Linear
+// {vocab, embed}, or the embedding table when tied). Field names follow upstream's modules, so parameter paths
+// read `transformer.layers.stacked.self_attn.q_proj.weight`, `embeddings.token_embeddings.weight`,
+// `lm_head.weight`, … and every Linear is laid out out-first ({out..., in...}, torch's layout).
+//
+// Queries carry {kv_head, q_heads_per_group, head_size}; keys and values {kv_head, head_size}, so grouped-query
+// attention never copies K/V per query head (haliax flash attention reads the shared heads). o_proj reads the
+// flattened {heads, head_size} with heads = kv_head * q_heads_per_group + group, the order of Hugging Face's.
+//
+// The bodies compile once, in src/models/llama*.cpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include <boost/hana/define_struct.hpp>
+#include <haliax/nn/embedding.hpp>
+#include <haliax/nn/linear.hpp>
+#include <haliax/nn/normalization.hpp>
+#include <haliax/nn/stacked.hpp>
+#include <levanter/models/llama_config.hpp>
+#include <levanter/models/lm.hpp>
+
+namespace levanter {
+
+namespace llama {
+
+namespace nn = haliax::nn;
+using hax::axes;
+using hax::named_array;
+using hidden = lm_hidden;
+
+/// Key/value heads (upstream `kv_head`) and query heads per key/value head (`q_heads_per_group`).
+inline constexpr struct KVHeads final : hax::axis<"kv_head"> {
+} KVHeads;
+inline constexpr struct QHeadsPerGroup final : hax::axis<"q_heads_per_group"> {
+} QHeadsPerGroup;
+
+template <class In, class Out, class Pre>
+using Linear = nn::Linear<In, Out, Pre, float, true>;
+
+/// Upstream `layers.attention.Attention`: q/k/v/o projections and the optional per-head QK RMSNorms.
+template <class Pre = axes<>>
+struct Attention {
+  static constexpr std::string_view class_name = "Attention";
+  using q_proj_t = Linear<axes<Embed>, axes<KVHeads, QHeadsPerGroup, HeadSize>, Pre>;
+  using kv_proj_t = Linear<axes<Embed>, axes<KVHeads, HeadSize>, Pre>;
+  using o_proj_t = Linear<axes<Heads, HeadSize>, axes<Embed>, Pre>;
+  using qk_norm_t = nn::RmsNorm<HeadSize, Pre>;
+  BOOST_HANA_DEFINE_STRUCT(Attention, (q_proj_t, q_proj), (kv_proj_t, k_proj), (kv_proj_t, v_proj), (o_proj_t, o_proj),
+                           (std::optional<qk_norm_t>, q_norm), (std::optional<qk_norm_t>, k_norm));
+};
+
+/// Upstream LlamaMlp: down_proj(act(gate_proj(x)) * up_proj(x)).
+template <class Pre = axes<>>
+struct Mlp {
+  static constexpr std::string_view class_name = "LlamaMlp";
+  using in_t = Linear<axes<Embed>, axes<levanter::Mlp>, Pre>;
+  using out_t = Linear<axes<levanter::Mlp>, axes<Embed>, Pre>;
+  BOOST_HANA_DEFINE_STRUCT(Mlp, (in_t, gate_proj), (in_t, up_proj), (out_t, down_proj));
+};
+
+/// Upstream LlamaDecoderLayer (hybrid_norm adds post_attn_layernorm and post_mlp_layernorm).
+template <class Pre = axes<>>
+struct DecoderLayer {
+  static constexpr std::string_view class_name = "LlamaDecoderLayer";
+  using norm_t = nn::RmsNorm<Embed, Pre>;
+  BOOST_HANA_DEFINE_STRUCT(DecoderLayer, (Attention<Pre>, self_attn), (Mlp<Pre>, mlp), (norm_t, input_layernorm),
+                           (norm_t, post_attention_layernorm), (std::optional<norm_t>, post_attn_layernorm),
+                           (std::optional<norm_t>, post_mlp_layernorm));
+};
+
+/// Upstream LlamaTransformer: the stacked layers and the final norm.
+struct Transformer {
+  static constexpr std::string_view class_name = "LlamaTransformer";
+  using layers_t = nn::Stacked<Layers, DecoderLayer>;
+  BOOST_HANA_DEFINE_STRUCT(Transformer, (layers_t, layers), (nn::RmsNorm<Embed>, norm));
+};
+
+/// Upstream LlamaEmbedding: the token embeddings and the optional input-embedding norm.
+struct Embeddings {
+  static constexpr std::string_view class_name = "LlamaEmbedding";
+  BOOST_HANA_DEFINE_STRUCT(Embeddings, (nn::Embedding<Vocab, Embed>, token_embeddings),
+                           (std::optional<nn::RmsNorm<Embed>>, norm));
+};
+
+/// Attention of one layer over {batch, position, embed}: RoPE, causal (within a window for windowed layers),
+/// within segments.
+hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, const token_batch& segments,
+                 std::int64_t layer);
+
+/// Upstream LlamaLMHeadModel (and Mistral/Qwen/Qwen3LMHeadModel).
+struct LMHeadModel {
+  using config_type = LlamaConfig;
+  static constexpr std::string_view class_name = "LlamaLMHeadModel";
+  using head_t = Linear<axes<Embed>, axes<Vocab>, axes<>>;
+  BOOST_HANA_DEFINE_STRUCT(LMHeadModel, (Transformer, transformer), (Embeddings, embeddings),
+                           (std::optional<head_t>, lm_head));
+
+  /// Upstream init: Linear weights truncated_normal(-3, 3) / sqrt(fan_in) drawn out-first, RMSNorms at 1 (0 bias),
+  /// embeddings truncated_normal(-3, 3) / hidden_dim. Keys as upstream: model → (transformer, embeddings); the
+  /// untied LM head reuses the embeddings' key; per layer (attention → q, k, v, o; MLP → gate, up, down).
+  static LMHeadModel init(const LlamaConfig& cfg, std::int64_t vocab, hax::random::key key);
+
+  /// Throws std::invalid_argument naming the first impossible setting.
+  static void check(const LlamaConfig& cfg, std::int64_t vocab);
+
+  std::int64_t vocab_size() const { return embeddings.token_embeddings.weight.size(Vocab); }
+
+  /// Hidden states {batch, position, embed} after the final norm (upstream `activations`).
+  hidden activations(const LlamaConfig& cfg, const token_batch& tokens, const token_batch& segments,
+                     const forward_options& o = {}) const;
+
+  /// The LM head {vocab, embed}: lm_head's weight, or the token embeddings when tied.
+  const named_array<float, axes<Vocab, Embed>>& get_lm_head() const {
+    return lm_head ? lm_head->weight : embeddings.token_embeddings.weight;
+  }
+};
+
+}  // namespace llama
+
+template <>
+struct model_of<LlamaConfig> {
+  using type = llama::LMHeadModel;
+};
+template <>
+struct model_of<MistralConfig> {
+  using type = llama::LMHeadModel;
+};
+template <>
+struct model_of<QwenConfig> {
+  using type = llama::LMHeadModel;
+};
+template <>
+struct model_of<Qwen3Config> {
+  using type = llama::LMHeadModel;
+};
+
+}  // namespace levanter

@@ -1,0 +1,159 @@
+// models/llama_config.hpp: the Llama family's counts, RoPE description and checks.
+#include <levanter/models/llama_config.hpp>
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include <haliax/nn/activation.hpp>
+#include <levanter/config/validate.hpp>
+
+namespace levanter {
+
+using config::fmt_num;
+
+std::string_view family_type_name(llama_family f) {
+  switch (f) {
+    case llama_family::llama: return LlamaConfig::type_name;
+    case llama_family::mistral: return MistralConfig::type_name;
+    case llama_family::qwen2: return QwenConfig::type_name;
+    case llama_family::qwen3: return Qwen3Config::type_name;
+  }
+  return "llama";
+}
+
+haliax::nn::rope_spec rope_spec_of(const RopeChoice& r) {
+  namespace nn = haliax::nn;
+  return std::visit(
+      [](const auto& c) {
+        using C = std::decay_t<decltype(c)>;
+        nn::rope_spec s;
+        s.theta = c.theta;
+        s.factor = c.factor;
+        if constexpr (std::is_same_v<C, Llama3RopeConfig>) {
+          s.kind = nn::rope_kind::llama3;
+          s.low_freq_factor = c.low_freq_factor;
+          s.high_freq_factor = c.high_freq_factor;
+          s.original_max_position_embeddings = c.original_max_position_embeddings;
+        } else if constexpr (std::is_same_v<C, YarnRopeConfig>) {
+          s.kind = nn::rope_kind::yarn;
+          s.beta_fast = c.beta_fast;
+          s.beta_slow = c.beta_slow;
+          s.original_max_position_embeddings = c.original_max_position_embeddings;
+          s.mscale = c.mscale;
+        }
+        return s;
+      },
+      r.value);
+}
+
+std::int64_t LlamaConfig::parameter_count(std::int64_t vocab) const {
+  const std::int64_t E = hidden_dim, M = intermediate_dim, D = head_size(), H = num_heads, K = num_kv_heads;
+  const std::int64_t norm = (use_layer_norm_weight ? E : 0) + (use_bias ? E : 0);
+  std::int64_t attn = E * D * H + 2 * E * D * K + D * H * E;
+  if (qkv_bias()) attn += D * H + 2 * D * K;
+  if (o_bias()) attn += E;
+  if (qk_norm()) attn += 2 * ((use_layer_norm_weight ? D : 0) + (use_bias ? D : 0));
+  std::int64_t mlp = 3 * E * M + (use_bias ? 2 * M + E : 0);
+  std::int64_t layer = attn + mlp + 2 * norm + (hybrid_norm ? 2 * norm : 0);
+  std::int64_t total = num_layers * layer + norm + (input_embedding_norm ? norm : 0) + vocab * E;
+  if (!tied()) total += vocab * E;
+  return total;
+}
+
+double LlamaConfig::flops_per_token(std::int64_t vocab) const {
+  const bool mistral = family == llama_family::mistral;
+  const double E = hidden_dim, M = intermediate_dim, L = num_layers, S = seq_len, H = num_heads;
+  const double K = mistral ? H : num_kv_heads;
+  const double D = E / H;  // upstream uses hidden_dim / num_heads here even when head_dim is set
+  const double mlp = 2.0 * (mistral ? 2 : 3) * E * M;
+  const double qkv = 2.0 * E * (H * D + 2 * K * D);
+  const double dense = 2.0 * E * E;
+  const double attn = (2.0 * S * S * H * D + 3.0 * S * S * H + 2.0 * S * S * D * H) / S;
+  return L * (mlp + qkv + dense + attn) + 2.0 * E * double(vocab);
+}
+
+void validate(config::validator& v, const LlamaConfig& m) {
+  const std::pair<const char*, int> positive[] = {{"model.seq_len", m.seq_len},
+                                                  {"model.hidden_dim", m.hidden_dim},
+                                                  {"model.intermediate_dim", m.intermediate_dim},
+                                                  {"model.num_layers", m.num_layers},
+                                                  {"model.num_heads", m.num_heads},
+                                                  {"model.num_kv_heads", m.num_kv_heads}};
+  bool sizes_ok = true;
+  for (const auto& [k, val] : positive)
+    if (val <= 0) {
+      v.error(k, "must be positive (got " + std::to_string(val) + ")");
+      sizes_ok = false;
+    }
+  if (sizes_ok && m.num_heads % m.num_kv_heads != 0)
+    v.error("model.num_kv_heads", "num_heads " + std::to_string(m.num_heads) + " is not divisible by num_kv_heads " +
+                                      std::to_string(m.num_kv_heads) +
+                                      "; use a divisor of num_heads (num_heads for MHA, 1 for MQA)");
+  if (m.head_dim && *m.head_dim <= 0) v.error("model.head_dim", "must be positive (got " + std::to_string(*m.head_dim) + ")");
+  if (sizes_ok && !m.head_dim && m.hidden_dim % m.num_heads != 0)
+    v.error("model.num_heads", "hidden_dim " + std::to_string(m.hidden_dim) + " is not divisible by num_heads " +
+                                   std::to_string(m.num_heads) + "; choose num_heads dividing hidden_dim or set head_dim");
+  if (sizes_ok && m.head_size() % 2 != 0)
+    v.error(m.head_dim ? "model.head_dim" : "model.num_heads",
+            "the head size " + std::to_string(m.head_size()) + " is odd; rotary embeddings need an even head size");
+  if (!(m.layer_norm_epsilon > 0))
+    v.error("model.layer_norm_epsilon", "must be positive (got " + fmt_num(m.layer_norm_epsilon) + ")");
+  if (!(m.initializer_range >= 0))
+    v.error("model.initializer_range", "must be >= 0 (got " + fmt_num(m.initializer_range) + ")");
+  if (!haliax::nn::find_activation(m.activation_function))
+    v.error("model.activation_function", "unknown activation '" + m.activation_function + "'; use one of " +
+                                             haliax::nn::activation_names());
+  if (m.attn_backend && *m.attn_backend != "default" && *m.attn_backend != "jax_flash" && *m.attn_backend != "vanilla")
+    v.refuse("model.attn_backend", "attention backend '" + *m.attn_backend + "' is not supported",
+             "use default or jax_flash (blocked attention) or vanilla");
+  if (m.flash_attention_block_size && *m.flash_attention_block_size <= 0)
+    v.error("model.flash_attention_block_size", "must be positive");
+  if (m.cross_entropy_block_size && *m.cross_entropy_block_size <= 0)
+    v.error("model.cross_entropy_block_size", "must be positive");
+  if (!m.scan_layers)
+    v.note("model.scan_layers", "false selects upstream's unstacked BlockSeq; layers are always stacked here, which "
+                                "computes the same function");
+  if (m.sliding_window && *m.sliding_window <= 0)
+    v.error("model.sliding_window", "must be positive (got " + std::to_string(*m.sliding_window) + ")");
+  if (m.max_window_layers < 0) v.error("model.max_window_layers", "must be >= 0");
+  if (m.use_sliding_window && !m.sliding_window)
+    v.error("model.sliding_window", "use_sliding_window is true but no sliding_window is set; give the window size");
+  if (m.family == llama_family::mistral && m.tie_word_embeddings)
+    v.refuse("model.tie_word_embeddings", "Mistral's LM head is never tied (as upstream)",
+             "remove the key or use type: llama");
+  const auto check_rope = [&](const char* key, double x, bool strictly) {
+    if (!std::isfinite(x) || (strictly ? !(x > 0) : !(x >= 0)))
+      v.error(std::string("model.rope.") + key, std::string("must be a finite ") + (strictly ? "positive" : "non-negative") +
+                                                    " number (got " + fmt_num(x) + ")");
+  };
+  std::visit(
+      [&](const auto& r) {
+        using R = std::decay_t<decltype(r)>;
+        check_rope("theta", r.theta, true);
+        check_rope("factor", r.factor, true);
+        if constexpr (std::is_same_v<R, Llama3RopeConfig>) {
+          check_rope("low_freq_factor", r.low_freq_factor, true);
+          check_rope("high_freq_factor", r.high_freq_factor, true);
+          if (r.high_freq_factor <= r.low_freq_factor)
+            v.error("model.rope.high_freq_factor", "must be larger than low_freq_factor");
+          if (r.original_max_position_embeddings <= 0)
+            v.error("model.rope.original_max_position_embeddings", "must be positive");
+        } else if constexpr (std::is_same_v<R, YarnRopeConfig>) {
+          check_rope("beta_fast", r.beta_fast, true);
+          check_rope("beta_slow", r.beta_slow, true);
+          check_rope("mscale", r.mscale, false);
+          if (r.original_max_position_embeddings <= 0)
+            v.error("model.rope.original_max_position_embeddings", "must be positive");
+        }
+      },
+      m.rope.value);
+}
+
+}  // namespace levanter
+
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::LlamaConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MistralConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::QwenConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Qwen3Config)
