@@ -3,6 +3,11 @@
 // `flash_attention`, forward and forward+backward (value_and_grad of sum(attention * w) with respect to q, k
 // and v). Read the times of each pair; the target is flash <= plain.
 //
+// BM_attention_gqa: grouped-query attention (Llama's layout: 12 query heads in 4 key/value heads of 3) against
+// multi-head attention with 12 heads, both `flash_attention`, at batch 8 x 256 positions x head size 64,
+// forward and forward+backward. The same FLOPs; GQA reads a third of the keys and values, so the target is
+// gqa <= mha.
+//
 // Memory: every figure carries `peak_MB`, the peak of haliax (Kokkos) bytes live during one call above what
 // was live before it, measured in a child process run with HALIAX_CACHE_MB=0 (no buffer cache, so every
 // release is a real free) and Kokkos allocation callbacks; and `scores_MB`, the bytes allocated for
@@ -34,6 +39,10 @@ inline constexpr struct Head final : hax::axis<"head"> {
 } Head;
 inline constexpr struct Key final : hax::axis<"head_size"> {
 } Key;
+inline constexpr struct KvHead final : hax::axis<"kv_head"> {
+} KvHead;
+inline constexpr struct QGroup final : hax::axis<"q_heads_per_group"> {
+} QGroup;
 
 namespace {
 constexpr std::int64_t positions = 1024, heads = 12, head_size = 64;
@@ -170,6 +179,73 @@ void cases(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK(BM_attention)->Apply(cases);
+
+// ---- grouped-query attention -------------------------------------------------------------------------------
+
+namespace {
+constexpr std::int64_t gqa_batch = 8, gqa_positions = 256, gqa_heads = 12, gqa_kv_heads = 4;
+
+/// q, k, v (and the cotangent w) of one layout: MHA {batch, pos, head, key} with 12 heads, or GQA q {batch,
+/// pos, kv_head, q_heads_per_group, key} with 4 x 3 heads and k, v {batch, key_pos, kv_head, key}.
+template <class Q, class KV>
+struct gqa_problem {
+  struct operands {
+    BOOST_HANA_DEFINE_STRUCT(operands, (Q, q), (KV, k), (KV, v));
+  };
+  operands x;
+  Q w;
+  gqa_problem(Q q, KV k, KV v, Q w) : x{std::move(q), std::move(k), std::move(v)}, w(std::move(w)) {}
+
+  float run(pass p) const {
+    if (p == forward) return nn::flash_attention(x.q, x.k, x.v, Pos, KPos, Key).data()[0];
+    auto [loss, g] = hax::value_and_grad(
+        [&](const operands& m) { return hax::sum(nn::flash_attention(m.q, m.k, m.v, Pos, KPos, Key) * w); })(x);
+    return loss.item() + g.q.data()[0] + g.k.data()[0] + g.v.data()[0];
+  }
+};
+
+auto normal(std::uint32_t seed, auto... s) { return hax::random::normal<float>(hax::random::make_key(seed), s...); }
+
+template <class P>
+void time_problem(benchmark::State& state, const P& pr, pass p) {
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(pr.run(p));
+    Kokkos::fence();
+  }
+  // Model FLOPs of causal attention over all 12 query heads (the same for both layouts).
+  const double flops = 2.0 * 2.0 * gqa_batch * gqa_heads * head_size * gqa_positions * (gqa_positions + 1) / 2.0;
+  state.counters["causal_FLOP/s"] =
+      benchmark::Counter(p == forward ? flops : 3.5 * flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_attention_gqa(benchmark::State& state) {
+  const bool gqa = state.range(0) != 0;
+  const auto p = static_cast<pass>(state.range(1));
+  const auto B = gqa_batch * Batch;
+  const auto P = gqa_positions * Pos;
+  const auto N = gqa_positions * KPos;
+  const auto D = head_size * Key;
+  if (gqa) {
+    const auto H = gqa_kv_heads * KvHead;
+    const auto G = (gqa_heads / gqa_kv_heads) * QGroup;
+    gqa_problem pr(normal(1, B, P, H, G, D), normal(2, B, N, H, D), normal(3, B, N, H, D), normal(4, B, P, H, G, D));
+    time_problem(state, pr, p);
+  } else {
+    const auto H = gqa_heads * Head;
+    gqa_problem pr(normal(1, B, P, H, D), normal(2, B, N, H, D), normal(3, B, N, H, D), normal(4, B, P, H, D));
+    time_problem(state, pr, p);
+  }
+}
+}  // namespace
+
+BENCHMARK(BM_attention_gqa)
+    ->ArgNames({"gqa", "backward"})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--measure_memory") == 0) {

@@ -18,30 +18,11 @@ namespace {
 using levanter::gpt2::LMHeadModel;
 namespace hax = haliax;
 
-/// Best-of-3 FLOP/s of cblas_sgemm with 2 OpenBLAS threads over GPT-2-small's training GEMM shapes
-/// (tokens x 768 x {768, 2304, 3072}, tokens x 3072 x 768, tokens x 768 x 50257), time-weighted by FLOPs.
+/// The 2-thread sgemm rate on GPT-2-small's training GEMM shapes (tokens x 768 x {768, 2304, 3072},
+/// tokens x 3072 x 768, tokens x 768 x 50257).
 double sgemm_peak(std::int64_t tokens) {
-  const int saved = openblas_get_num_threads();
-  openblas_set_num_threads(2);
-  const std::int64_t shapes[][3] = {{tokens, 768, 768}, {tokens, 2304, 768}, {tokens, 3072, 768},
-                                    {tokens, 768, 3072}, {tokens, 50257, 768}};
-  double flops = 0, secs = 0;
-  for (auto& s : shapes) {
-    const auto m = s[0], n = s[1], k = s[2];
-    std::vector<float> a(std::size_t(m * k), 0.01f), b(std::size_t(k * n), 0.02f), c(std::size_t(m * n));
-    double best = 1e30;
-    for (int r = 0; r < 4; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a.data(), int(k), b.data(),
-                  int(n), 0.0f, c.data(), int(n));
-      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) best = std::min(best, t);
-    }
-    flops += 2.0 * double(m) * double(n) * double(k);
-    secs += best;
-  }
-  openblas_set_num_threads(saved);
-  return flops / secs;
+  return sgemm2_rate(
+      {{tokens, 768, 768}, {tokens, 2304, 768}, {tokens, 3072, 768}, {tokens, 768, 3072}, {tokens, 50257, 768}});
 }
 
 void BM_Gpt2Step(benchmark::State& state) {
@@ -56,45 +37,21 @@ void BM_Gpt2Step(benchmark::State& state) {
   auto st = opt.init(model);
   std::vector<std::int32_t> t(std::size_t(B * P));
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::int32_t((i * 2654435761u) % V);
-  auto ex = levanter::lm_example::causal(hax::from_host<std::int32_t>(t, B * levanter::Batch, P * levanter::Pos), 50256);
+  auto ex =
+      levanter::lm_example::causal(hax::from_host<std::int32_t>(t, B * levanter::Batch, P * levanter::Pos), 50256);
   levanter::forward_options fo;
   fo.inference = false;
   fo.checkpointing = checkpointing ? hax::nn::checkpoint_policy::per_layer : hax::nn::checkpoint_policy::none;
-  double fwd_bwd = 0, update = 0;
-  auto step = [&] {
+  auto step = [&](double& fwd_bwd, double& update) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto [loss, g] = hax::value_and_grad([&](const LMHeadModel& m) {
-      return levanter::gpt2::next_token_loss(m, cfg, ex, 0.0, fo);
-    })(model);
+    auto [loss, g] = hax::value_and_grad(
+        [&](const LMHeadModel& m) { return levanter::gpt2::next_token_loss(m, cfg, ex, 0.0, fo); })(model);
     const auto t1 = std::chrono::steady_clock::now();
     opt.update(model, g, st, loss.item());
     fwd_bwd += std::chrono::duration<double>(t1 - t0).count();
     update += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   };
-  const double peak_before = sgemm_peak(B * P);
-  step();  // warm-up: buffer cache, page faults
-  fwd_bwd = update = 0;
-  double total = 0;
-  std::int64_t steps = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++steps;
-  }
-  const double per_step = total / double(steps);
-  const double params = double(hax::tree::parameter_count(model));
-  const double model_flops = 6.0 * params * double(B * P) / per_step;
-  // The larger of two measurements (before and after the steps): the machine is shared, so this is the
-  // conservative denominator.
-  const double peak = std::max(peak_before, sgemm_peak(B * P));
-  state.counters["s_per_step"] = per_step;
-  state.counters["fwd_bwd_s"] = fwd_bwd / double(steps);
-  state.counters["adamw_s"] = update / double(steps);
-  state.counters["tokens_per_s"] = double(B * P) / per_step;
-  state.counters["model_GFLOPs"] = model_flops / 1e9;
-  state.counters["sgemm2_GFLOPs"] = peak / 1e9;
-  state.counters["MFU"] = model_flops / peak;
+  time_training_steps(state, double(hax::tree::parameter_count(model)), B * P, step, [&] { return sgemm_peak(B * P); });
 }
 
 }  // namespace

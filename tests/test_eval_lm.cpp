@@ -15,6 +15,8 @@
 #include <levanter/main/hf_convert.hpp>
 #include <levanter/main/train_lm.hpp>
 
+#include "train_helpers.hpp"
+
 namespace fs = std::filesystem;
 namespace hax = haliax;
 using G = levanter::gpt2::LMHeadModel;
@@ -23,27 +25,8 @@ namespace {
 
 const std::string golden = std::string(HALIAX_GOLDEN_DIR);
 
-fs::path temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("levanter_test_eval_lm_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void write_corpus(const fs::path& path, int docs, int seed) {
-  std::ofstream out(path);
-  const char* words[] = {"alpha", "beta", "gamma", "delta", "the", "cat", "sat", "on", "mat", "and", "ran"};
-  unsigned s = 777u + static_cast<unsigned>(seed);
-  for (int d = 0; d < docs; ++d) {
-    std::string text;
-    for (int w = 0; w < 30; ++w) {
-      s = s * 1103515245u + 12345u;
-      text += words[(s >> 16) % 11];
-      text += w % 7 == 6 ? ". " : " ";
-    }
-    out << "{\"text\": \"" << text << "\"}\n";
-  }
-}
+fs::path temp_dir(const std::string& name) { return train_helpers::temp_dir("levanter_test_eval_lm", name); }
+void write_corpus(const fs::path& path, int docs, int seed) { train_helpers::write_corpus(path, docs, seed, 777u); }
 
 /// Trains the tiny model of tests/test_train_lm.cpp for a few steps; returns train_lm's final eval loss.
 double train_tiny(const fs::path& dir) {

@@ -5,8 +5,6 @@
 // type, sliding windows, q/k/v biases, QK norm, an explicit head_dim, tied and untied heads. Also: RoPE tables,
 // RoPE's finite-difference gradient, upstream's init from PRNGKey(0), Hugging Face export → import bitwise, and
 // config checks.
-#include <doctest/doctest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -14,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <doctest/doctest.h>
 #include <haliax/haliax.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/models/llama_hf.hpp>
@@ -32,8 +31,8 @@ namespace {
 
 const std::string golden = std::string(HALIAX_GOLDEN_DIR) + "/hf_llama";
 
-const char* const cases[] = {"llama_mha",  "llama_gqa_tied_linear", "llama_mqa_llama3", "llama_yarn_headdim",
-                             "mistral_sw", "qwen2_sw",              "qwen3"};
+const char* const cases[] = {
+    "llama_mha", "llama_gqa_tied_linear", "llama_mqa_llama3", "llama_yarn_headdim", "mistral_sw", "qwen2_sw", "qwen3"};
 
 /// The config of our type for an HF model_type.
 LlamaConfig base_for(const std::string& model_type) {
@@ -138,9 +137,8 @@ TEST_CASE("llama family: the next-token loss and its gradients equal torch's and
     auto [cfg, model, vocab] = import_case(name);
     h5golden::file f(golden + "/" + std::string(name) + "_golden.h5");
     auto b = golden_batch(f);
-    auto [loss, grads] = hax::value_and_grad([&](const LMHeadModel& p) {
-      return levanter::compute_next_token_loss(p, cfg, b.ex);
-    })(model);
+    auto [loss, grads] = hax::value_and_grad(
+        [&](const LMHeadModel& p) { return levanter::compute_next_token_loss(p, cfg, b.ex); })(model);
     CHECK(std::fabs(loss.item() - f.floats("loss")[0]) <= 1e-5 * std::max(1.0f, std::fabs(f.floats("loss")[0])));
     const auto ours = by_hf_name(grads);
     const bool lev = f.has("levanter_grads") && f.attr("levanter_matches_torch") == 1.0;
@@ -199,8 +197,8 @@ TEST_CASE("llama family: Hugging Face export then import is bitwise, config.json
   for (const char* name : cases) {
     CAPTURE(name);
     auto [cfg, model, vocab] = import_case(name);
-    const fs::path dir = fs::temp_directory_path() / ("levanter_test_llama_" + std::string(name) + "_" +
-                                                      std::to_string(::getpid()));
+    const fs::path dir =
+        fs::temp_directory_path() / ("levanter_test_llama_" + std::string(name) + "_" + std::to_string(::getpid()));
     fs::remove_all(dir);
     levanter::hf::save(model, cfg, vocab, dir.string(), {0, 1});
     auto d = levanter::hf::open_dir(dir.string(), "test");

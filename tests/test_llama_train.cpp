@@ -3,57 +3,40 @@
 // with QK norm) a tiny model trains 20 steps with a falling loss, a run stopped after step 13 and resumed from its
 // step-10 checkpoint equals the uninterrupted one bitwise (losses, parameters, optimizer state), the resolved
 // config keeps its type, and the Hugging Face export it writes starts a new run (initialize_from_hf).
-#include <doctest/doctest.h>
-
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <doctest/doctest.h>
+#include <levanter/main/train_lm.hpp>
 #include <nlohmann/json.hpp>
 
-#include <levanter/main/train_lm.hpp>
+#include "train_helpers.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("levanter_test_llama_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void write_corpus(const fs::path& path, int docs, int seed) {
-  std::ofstream out(path);
-  const char* words[] = {"alpha", "beta", "gamma", "delta", "the", "cat", "sat", "on", "mat", "and", "ran"};
-  unsigned s = 777u + static_cast<unsigned>(seed);
-  for (int d = 0; d < docs; ++d) {
-    std::string text;
-    for (int w = 0; w < 30; ++w) {
-      s = s * 1103515245u + 12345u;
-      text += words[(s >> 16) % 11];
-      text += w % 7 == 6 ? ". " : " ";
-    }
-    out << "{\"text\": \"" << text << "\"}\n";
-  }
-}
+using train_helpers::file_bytes;
+using train_helpers::loss_log;
+fs::path temp_dir(const std::string& name) { return train_helpers::temp_dir("levanter_test_llama_train", name); }
+void write_corpus(const fs::path& path, int docs, int seed) { train_helpers::write_corpus(path, docs, seed, 777u); }
 
 levanter::TrainLmConfig tiny_config(const fs::path& dir, const std::string& model) {
-  const std::string yaml = "data:\n  train_urls: [\"" + (dir / "train.jsonl").string() + "\"]\n" +
-                           "  validation_urls: [\"" + (dir / "valid.jsonl").string() + "\"]\n" +
-                           "  tokenizer: byte\n  cache_dir: \"" + (dir / "cache").string() + "\"\n" +
-                           "model: " + model + "\n" +
-                           "trainer:\n  num_train_steps: 20\n  train_batch_size: 4\n  steps_per_eval: 10\n"
-                           "  max_eval_batches: 2\n  id: test\n  log_dir: \"" + (dir / "logs").string() + "\"\n" +
-                           "  checkpointer: {base_path: \"" + (dir / "checkpoints").string() +
-                           "\", keep: [{every: 10}]}\n"
-                           "optimizer: {learning_rate: 3e-3, warmup: 2}\n";
+  const std::string yaml =
+      "data:\n  train_urls: [\"" + (dir / "train.jsonl").string() + "\"]\n" + "  validation_urls: [\"" +
+      (dir / "valid.jsonl").string() + "\"]\n" + "  tokenizer: byte\n  cache_dir: \"" + (dir / "cache").string() +
+      "\"\n" + "model: " + model + "\n" +
+      "trainer:\n  num_train_steps: 20\n  train_batch_size: 4\n  steps_per_eval: 10\n"
+      "  max_eval_batches: 2\n  id: test\n  log_dir: \"" +
+      (dir / "logs").string() + "\"\n" + "  checkpointer: {base_path: \"" + (dir / "checkpoints").string() +
+      "\", keep: [{every: 10}]}\n"
+      "optimizer: {learning_rate: 3e-3, warmup: 2}\n";
   const char* argv[] = {"train_lm"};
   auto parsed = levanter::config::parse_command_line<levanter::TrainLmConfig>(1, argv, yaml, "<test>");
   const auto v = levanter::validate_train_lm(parsed.config, parsed.sources);
@@ -78,39 +61,23 @@ struct stop_here : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::vector<std::string> loss_lines(const fs::path& metrics) {
-  // the last train/loss record of each step (a resumed run logs the steps after its checkpoint again)
-  std::map<std::int64_t, std::string> last;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["event"] == "log" && j["metrics"].contains("train/loss"))
-      last[j["step"].get<std::int64_t>()] = j["metrics"]["train/loss"].dump();
-  }
-  std::vector<std::string> out;
-  for (auto& [s, v] : last) out.push_back(std::to_string(s) + " " + v);
-  return out;
-}
-
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 }  // namespace
 
 TEST_CASE("llama family: 20 steps train, resume bitwise, keep their type, and restart from their HF export") {
   const std::pair<const char*, const char*> models[] = {
-      {"llama", "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
-                "num_kv_heads: 2, rope: {type: llama3, original_max_position_embeddings: 16}}"},
-      {"mistral", "{type: mistral, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
-                  "num_kv_heads: 1, sliding_window: 8}"},
-      {"qwen", "{type: qwen, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
-               "num_kv_heads: 2, use_sliding_window: true, sliding_window: 8, max_window_layers: 1, "
-               "tie_word_embeddings: true}"},
-      {"qwen3", "{type: qwen3, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
-                "num_kv_heads: 2, head_dim: 16, rope: {type: yarn, factor: 2, original_max_position_embeddings: 16}}"},
+      {"llama",
+       "{type: llama, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2, rope: {type: llama3, original_max_position_embeddings: 16}}"},
+      {"mistral",
+       "{type: mistral, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 1, sliding_window: 8}"},
+      {"qwen",
+       "{type: qwen, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2, use_sliding_window: true, sliding_window: 8, max_window_layers: 1, "
+       "tie_word_embeddings: true}"},
+      {"qwen3",
+       "{type: qwen3, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2, head_dim: 16, rope: {type: yarn, factor: 2, original_max_position_embeddings: 16}}"},
   };
   for (const auto& [type, model] : models) {
     const std::string type_name = type;
@@ -137,9 +104,9 @@ TEST_CASE("llama family: 20 steps train, resume bitwise, keep their type, and re
     auto resumed = run(cfg);
     CHECK(resumed.start_step == 10);
     CHECK(resumed.final_loss == whole.final_loss);
-    const auto a = loss_lines(dir / "logs" / "whole" / "metrics.jsonl");
+    const auto a = loss_log(dir / "logs" / "whole" / "metrics.jsonl");
     CHECK(a.size() == 20);
-    CHECK(a == loss_lines(dir / "logs" / "split" / "metrics.jsonl"));
+    CHECK(a == loss_log(dir / "logs" / "split" / "metrics.jsonl"));
     for (const char* f : {"model.h5", "opt_state.h5", "training_state.h5"})
       CHECK_MESSAGE(file_bytes(dir / "checkpoints" / "whole" / "step-20" / f) ==
                         file_bytes(dir / "checkpoints" / "split" / "step-20" / f),

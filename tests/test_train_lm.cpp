@@ -13,32 +13,16 @@
 
 #include <levanter/main/train_lm.hpp>
 
+#include "train_helpers.hpp"
+
 namespace fs = std::filesystem;
+using train_helpers::file_bytes;
+using train_helpers::loss_log;
+using train_helpers::write_corpus;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("levanter_test_train_lm_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-/// A small corpus with some structure: repeated sentences about numbers.
-void write_corpus(const fs::path& path, int docs, int seed) {
-  std::ofstream out(path);
-  const char* words[] = {"alpha", "beta", "gamma", "delta", "the", "cat", "sat", "on", "mat", "and", "ran"};
-  unsigned s = 12345u + static_cast<unsigned>(seed);
-  for (int d = 0; d < docs; ++d) {
-    std::string text;
-    for (int w = 0; w < 30; ++w) {
-      s = s * 1103515245u + 12345u;
-      text += words[(s >> 16) % 11];
-      text += w % 7 == 6 ? ". " : " ";
-    }
-    out << "{\"text\": \"" << text << "\"}\n";
-  }
-}
+fs::path temp_dir(const std::string& name) { return train_helpers::temp_dir("levanter_test_train_lm", name); }
 
 levanter::TrainLmConfig tiny_config(const fs::path& dir, const std::string& extra = "") {
   const std::string yaml = "data:\n  train_urls: [\"" + (dir / "train.jsonl").string() + "\"]\n" +
@@ -249,25 +233,6 @@ TEST_CASE("train_lm: batch-size schedules give upstream's data offsets") {
 }
 
 namespace {
-
-/// The last logged train/loss of every step, as the exact text json_logger wrote (a resumed run logs the steps
-/// after its checkpoint again; the later record wins).
-std::map<std::int64_t, std::string> loss_log(const fs::path& metrics) {
-  std::map<std::int64_t, std::string> out;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["event"] == "log" && j["metrics"].contains("train/loss"))
-      out[j["step"].get<std::int64_t>()] = j["metrics"]["train/loss"].dump();
-  }
-  return out;
-}
-
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 struct stop_here : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -5,6 +5,7 @@
 
 #include <haliax/nn/activation.hpp>
 #include <levanter/config/validate.hpp>
+#include <levanter/models/config_checks.hpp>
 
 namespace levanter {
 
@@ -25,20 +26,7 @@ void validate(config::validator& v, const Gpt2Config& m) {
       {"model.embed_pdrop", m.embed_pdrop}, {"model.resid_pdrop", m.resid_pdrop}, {"model.attn_pdrop", m.attn_pdrop}};
   for (const auto& [k, p] : drops)
     if (!(p >= 0 && p < 1)) v.error(k, "a dropout probability must be in [0, 1) (got " + fmt_num(p) + ")");
-  if (!(m.layer_norm_epsilon > 0))
-    v.error("model.layer_norm_epsilon", "must be positive (got " + fmt_num(m.layer_norm_epsilon) + ")");
-  if (!(m.initializer_range >= 0))
-    v.error("model.initializer_range", "must be >= 0 (got " + fmt_num(m.initializer_range) + ")");
-  if (!haliax::nn::find_activation(m.activation_function))
-    v.error("model.activation_function", "unknown activation '" + m.activation_function + "'; use one of " +
-                                             haliax::nn::activation_names());
-  if (m.attn_backend && *m.attn_backend != "default" && *m.attn_backend != "jax_flash" && *m.attn_backend != "vanilla")
-    v.refuse("model.attn_backend", "attention backend '" + *m.attn_backend + "' is not supported",
-             "use default or jax_flash (blocked attention) or vanilla");
-  if (m.flash_attention_block_size && *m.flash_attention_block_size <= 0)
-    v.error("model.flash_attention_block_size", "must be positive");
-  if (m.cross_entropy_block_size && *m.cross_entropy_block_size <= 0)
-    v.error("model.cross_entropy_block_size", "must be positive");
+  validate_shared_model_keys(v, m);
 }
 
 }  // namespace levanter

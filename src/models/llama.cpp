@@ -92,9 +92,9 @@ hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& token
         if (b.post_attn_layernorm) a = (*b.post_attn_layernorm)(a);
         hidden h2 = h + a;
         const hidden u = b.post_attention_layernorm(h2);
-        hidden f = b.mlp.down_proj(nn::apply_activation(nn::activation_from_name(cfg.activation_function),
-                                                        b.mlp.gate_proj(u)) *
-                                   b.mlp.up_proj(u));
+        hidden f = b.mlp.down_proj(
+            nn::apply_activation(nn::activation_from_name(cfg.activation_function), b.mlp.gate_proj(u)) *
+            b.mlp.up_proj(u));
         if (b.post_mlp_layernorm) f = (*b.post_mlp_layernorm)(f);
         return h2 + f;
       },

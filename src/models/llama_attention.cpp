@@ -1,7 +1,6 @@
 // The Llama family's attention (one layer): compiled on its own, beside the rest of the model (llama.cpp), so the
 // two heaviest instantiations build in parallel.
 #include <cmath>
-
 #include <haliax/haliax.hpp>
 #include <levanter/models/llama.hpp>
 
@@ -21,20 +20,17 @@ hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, 
   const std::int64_t window = cfg.window_of_layer(layer);
   const bool vanilla = cfg.attn_backend && *cfg.attn_backend == "vanilla";
   named_array<float, axes<Batch, Pos, KVHeads, QHeadsPerGroup, HeadSize>> out;
-#if LEVANTER_LLAMA_FLASH_GQA
   if (!vanilla) {
     nn::flash_attention_options fo;
     fo.sliding_window = window;
     if (cfg.flash_attention_block_size) fo.block_q = fo.block_k = *cfg.flash_attention_block_size;
     out = nn::flash_attention(q, kr, vr, Pos, KeyPos, HeadSize, segments, hax::rename(segments, Pos, KeyPos), fo);
-  } else
-#endif
-  {
-    (void)vanilla;
+  } else {
     // The plain form (upstream "vanilla"): softmax(q·k / sqrt(d) masked) · v, keys shared by each group.
     const auto n = x.size(Pos);
-    auto mask = (window > 0 ? nn::sliding_window_mask(n * Pos, n * KeyPos, window) : nn::causal_mask(n * Pos, n * KeyPos)) &&
-                nn::segment_mask(segments, Pos, KeyPos);
+    auto mask =
+        (window > 0 ? nn::sliding_window_mask(n * Pos, n * KeyPos, window) : nn::causal_mask(n * Pos, n * KeyPos)) &&
+        nn::segment_mask(segments, Pos, KeyPos);
     out = hax::rearrange<axes<Batch, Pos, KVHeads, QHeadsPerGroup, HeadSize>>(
         nn::dot_product_attention(q, kr, vr, KeyPos, HeadSize, mask));
   }

@@ -8,6 +8,7 @@
 
 #include <haliax/nn/activation.hpp>
 #include <levanter/config/validate.hpp>
+#include <levanter/models/config_checks.hpp>
 
 namespace levanter {
 
@@ -15,10 +16,14 @@ using config::fmt_num;
 
 std::string_view family_type_name(llama_family f) {
   switch (f) {
-    case llama_family::llama: return LlamaConfig::type_name;
-    case llama_family::mistral: return MistralConfig::type_name;
-    case llama_family::qwen2: return QwenConfig::type_name;
-    case llama_family::qwen3: return Qwen3Config::type_name;
+    case llama_family::llama:
+      return LlamaConfig::type_name;
+    case llama_family::mistral:
+      return MistralConfig::type_name;
+    case llama_family::qwen2:
+      return QwenConfig::type_name;
+    case llama_family::qwen3:
+      return Qwen3Config::type_name;
   }
   return "llama";
 }
@@ -91,30 +96,20 @@ void validate(config::validator& v, const LlamaConfig& m) {
     v.error("model.num_kv_heads", "num_heads " + std::to_string(m.num_heads) + " is not divisible by num_kv_heads " +
                                       std::to_string(m.num_kv_heads) +
                                       "; use a divisor of num_heads (num_heads for MHA, 1 for MQA)");
-  if (m.head_dim && *m.head_dim <= 0) v.error("model.head_dim", "must be positive (got " + std::to_string(*m.head_dim) + ")");
+  if (m.head_dim && *m.head_dim <= 0)
+    v.error("model.head_dim", "must be positive (got " + std::to_string(*m.head_dim) + ")");
   if (sizes_ok && !m.head_dim && m.hidden_dim % m.num_heads != 0)
     v.error("model.num_heads", "hidden_dim " + std::to_string(m.hidden_dim) + " is not divisible by num_heads " +
-                                   std::to_string(m.num_heads) + "; choose num_heads dividing hidden_dim or set head_dim");
+                                   std::to_string(m.num_heads) +
+                                   "; choose num_heads dividing hidden_dim or set head_dim");
   if (sizes_ok && m.head_size() % 2 != 0)
     v.error(m.head_dim ? "model.head_dim" : "model.num_heads",
             "the head size " + std::to_string(m.head_size()) + " is odd; rotary embeddings need an even head size");
-  if (!(m.layer_norm_epsilon > 0))
-    v.error("model.layer_norm_epsilon", "must be positive (got " + fmt_num(m.layer_norm_epsilon) + ")");
-  if (!(m.initializer_range >= 0))
-    v.error("model.initializer_range", "must be >= 0 (got " + fmt_num(m.initializer_range) + ")");
-  if (!haliax::nn::find_activation(m.activation_function))
-    v.error("model.activation_function", "unknown activation '" + m.activation_function + "'; use one of " +
-                                             haliax::nn::activation_names());
-  if (m.attn_backend && *m.attn_backend != "default" && *m.attn_backend != "jax_flash" && *m.attn_backend != "vanilla")
-    v.refuse("model.attn_backend", "attention backend '" + *m.attn_backend + "' is not supported",
-             "use default or jax_flash (blocked attention) or vanilla");
-  if (m.flash_attention_block_size && *m.flash_attention_block_size <= 0)
-    v.error("model.flash_attention_block_size", "must be positive");
-  if (m.cross_entropy_block_size && *m.cross_entropy_block_size <= 0)
-    v.error("model.cross_entropy_block_size", "must be positive");
+  validate_shared_model_keys(v, m);
   if (!m.scan_layers)
-    v.note("model.scan_layers", "false selects upstream's unstacked BlockSeq; layers are always stacked here, which "
-                                "computes the same function");
+    v.note("model.scan_layers",
+           "false selects upstream's unstacked BlockSeq; layers are always stacked here, which "
+           "computes the same function");
   if (m.sliding_window && *m.sliding_window <= 0)
     v.error("model.sliding_window", "must be positive (got " + std::to_string(*m.sliding_window) + ")");
   if (m.max_window_layers < 0) v.error("model.max_window_layers", "must be >= 0");
@@ -125,8 +120,9 @@ void validate(config::validator& v, const LlamaConfig& m) {
              "remove the key or use type: llama");
   const auto check_rope = [&](const char* key, double x, bool strictly) {
     if (!std::isfinite(x) || (strictly ? !(x > 0) : !(x >= 0)))
-      v.error(std::string("model.rope.") + key, std::string("must be a finite ") + (strictly ? "positive" : "non-negative") +
-                                                    " number (got " + fmt_num(x) + ")");
+      v.error(std::string("model.rope.") + key, std::string("must be a finite ") +
+                                                    (strictly ? "positive" : "non-negative") + " number (got " +
+                                                    fmt_num(x) + ")");
   };
   std::visit(
       [&](const auto& r) {

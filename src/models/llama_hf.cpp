@@ -100,10 +100,14 @@ RopeChoice rope_from_hf(const nlohmann::json& j, std::int64_t max_positions, con
 
 const char* architecture_of(llama_family f) {
   switch (f) {
-    case llama_family::mistral: return "MistralForCausalLM";
-    case llama_family::qwen2: return "Qwen2ForCausalLM";
-    case llama_family::qwen3: return "Qwen3ForCausalLM";
-    default: return "LlamaForCausalLM";
+    case llama_family::mistral:
+      return "MistralForCausalLM";
+    case llama_family::qwen2:
+      return "Qwen2ForCausalLM";
+    case llama_family::qwen3:
+      return "Qwen3ForCausalLM";
+    default:
+      return "LlamaForCausalLM";
   }
 }
 
@@ -113,10 +117,14 @@ bool windowed_family(llama_family f) { return f == llama_family::qwen2 || f == l
 
 std::string_view adapter::model_type_of(const LlamaConfig& c) {
   switch (c.family) {
-    case llama_family::mistral: return "mistral";
-    case llama_family::qwen2: return "qwen2";
-    case llama_family::qwen3: return "qwen3";
-    default: return "llama";
+    case llama_family::mistral:
+      return "mistral";
+    case llama_family::qwen2:
+      return "qwen2";
+    case llama_family::qwen3:
+      return "qwen3";
+    default:
+      return "llama";
   }
 }
 
@@ -124,8 +132,7 @@ nlohmann::json adapter::to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
   const std::string who(family_type_name(c.family));
   if (c.hybrid_norm || c.input_embedding_norm)
     throw error(who + ": hybrid_norm and input_embedding_norm have no Hugging Face form; disable them to export");
-  if (c.use_bias)
-    throw error(who + ": use_bias true (biases in every projection and norm) has no Hugging Face form");
+  if (c.use_bias) throw error(who + ": use_bias true (biases in every projection and norm) has no Hugging Face form");
   if (c.use_qk_norm && c.family != llama_family::qwen3)
     throw error(who + ": use_qk_norm has no Hugging Face form for this model type (use type: qwen3)");
   if (!c.use_layer_norm_weight) throw error(who + ": use_layer_norm_weight false has no Hugging Face form");
@@ -159,7 +166,8 @@ nlohmann::json adapter::to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
     j["sliding_window"] = c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json(nullptr);
     j["max_window_layers"] = c.max_window_layers;
     nlohmann::json types = nlohmann::json::array();
-    for (int i = 0; i < c.num_layers; ++i) types.push_back(c.window_of_layer(i) > 0 ? "sliding_attention" : "full_attention");
+    for (int i = 0; i < c.num_layers; ++i)
+      types.push_back(c.window_of_layer(i) > 0 ? "sliding_attention" : "full_attention");
     j["layer_types"] = types;
   }
   return j;
@@ -168,9 +176,9 @@ nlohmann::json adapter::to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
 LlamaConfig adapter::from_hf_config(LlamaConfig base, const nlohmann::json& j, const std::string& where) {
   const std::string t = detail::get_or<std::string>(j, "model_type", "");
   if (t != model_type_of(base))
-    throw error(where + ": the Hugging Face model is a '" + t + "' but the model config has type: " +
-                std::string(family_type_name(base.family)) + " (set model.type: " +
-                (t == "qwen2" ? std::string("qwen") : t) + ")");
+    throw error(where + ": the Hugging Face model is a '" + t +
+                "' but the model config has type: " + std::string(family_type_name(base.family)) +
+                " (set model.type: " + (t == "qwen2" ? std::string("qwen") : t) + ")");
   base.seq_len = static_cast<int>(detail::get_int(j, "max_position_embeddings", where));
   base.hidden_dim = static_cast<int>(detail::get_int(j, "hidden_size", where));
   base.intermediate_dim = static_cast<int>(detail::get_int(j, "intermediate_size", where));
@@ -264,14 +272,14 @@ std::string adapter::hf_name(const std::string& ours) {
         break;  // hybrid_norm: no Hugging Face form
       return std::string(to) + rest;
     }
-  throw error("no Hugging Face name for parameter '" + ours + "' (hybrid_norm, input_embedding_norm and use_bias "
+  throw error("no Hugging Face name for parameter '" + ours +
+              "' (hybrid_norm, input_embedding_norm and use_bias "
               "have no Hugging Face form)");
 }
 
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> adapter::hf_layout(const LlamaConfig& c,
-                                                                                   std::int64_t vocab) {
-  const std::int64_t E = c.hidden_dim, M = c.intermediate_dim, D = c.head_size(), H = c.num_heads,
-                     K = c.num_kv_heads;
+                                                                                  std::int64_t vocab) {
+  const std::int64_t E = c.hidden_dim, M = c.intermediate_dim, D = c.head_size(), H = c.num_heads, K = c.num_kv_heads;
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
   out.push_back({"model.embed_tokens.weight", {vocab, E}});
   for (int i = 0; i < c.num_layers; ++i) {

@@ -21,6 +21,16 @@
 // and the saved per-row log-sum-exp (FlashAttention-2 style). It supports the structured masks: causal (with
 // start offsets), sliding window and segment ids. It runs on the host (OpenBLAS tiles on the haliax thread
 // pool); every task writes its own outputs, so results do not depend on the thread count.
+//
+// Grouped-query attention (GQA; MQA when there is one key/value head). k and v may lack some of q's batch
+// axes: those q-only axes are query groups that share one key/value head, as Llama's layout
+//   q {batch, position, kv_head, q_heads_per_group, head_size}, k and v {batch, key_position, kv_head, head_size}
+//   -> {batch, position, kv_head, q_heads_per_group, head_size}
+// Both functions accept it. The plain one broadcasts k and v by name inside its `dot`s; the flash one never
+// copies k or v per query head: the task that owns a (batch, kv_head) query block runs its query groups
+// against each shared key/value tile in turn, and in backward the task that owns a (batch, kv_head) key block
+// sums dK and dV over the query blocks and groups in a fixed order (so GQA results, too, do not depend on the
+// thread count).
 #pragma once
 
 #include <cblas.h>
@@ -246,7 +256,9 @@ auto dot_product_attention_weights(const named_array<T, AxQ>& q, const named_arr
 /// `dot_product_attention_weights` contracted with `v` over KPos. The result has q's axes with `Key` replaced
 /// by v's head axes (v's axes other than its batch axes and KPos), in that order. Masked keys get score -1e9.
 /// Gradients flow through the ops it is made of. Memory: the scores, masked scores and weights of every
-/// (batch, head) are materialised; `flash_attention` avoids that for the structured masks.
+/// (batch, head) are materialised; `flash_attention` avoids that for the structured masks. Grouped-query
+/// attention needs nothing special: k and v lacking q's query-group axis broadcast by name (their gradients sum
+/// over the groups).
 ///   auto y = dot_product_attention(q, k, v, KPos, Key, causal_mask(n * Pos, n * KPos));
 ///   // q {batch, pos, head, key}, k and v {batch, key_pos, head, key} -> {batch, pos, head, key}
 template <FloatElement T, class AxQ, class AxK, class AxV, class KP, class K, class AxM>
@@ -290,26 +302,41 @@ struct flash_attention_options {
 
 namespace detail::attn {
 
-/// Axis bookkeeping of flash attention: batch axes (q's axes other than Pos and Key, in q's order), value head
-/// axes (v's axes other than the batch axes and KPos, in v's order), the output axes, and the packed layouts
-/// [batch..., Pos, Key], [batch..., KPos, Key] and [batch..., KPos, value...] used for operands whose head
-/// axes are not innermost.
+/// Axis bookkeeping of flash attention: batch axes (q's axes other than Pos and Key, in q's order), k's batch
+/// axes (k's axes other than KPos and Key), the query-group axes (q's batch axes that k lacks: grouped-query
+/// attention), the shared batch axes (the others, in q's order), value head axes (v's axes other than q's batch
+/// axes and KPos, in v's order), the output axes, and the packed layouts [batch..., Pos, Key],
+/// [shared..., KPos, Key] and [shared..., KPos, value...] used for operands whose head axes are not innermost.
+/// The kernels number q's batch elements in the order [shared..., group...] (row-major, groups innermost), so
+/// the q elements of key/value element b are b * groups ... b * groups + groups - 1.
 template <class AxQ, class AxK, class AxV, class P, class KP, class K>
 struct flash_axes {
   using lq = list_of<AxQ>;
   using lk = list_of<AxK>;
   using lv = list_of<AxV>;
   using batch = minus<lq, mp::mp_list<P, K>>;
+  using k_batch = minus<lk, mp::mp_list<KP, K>>;
+  using group = minus<batch, k_batch>;
+  using shared = minus<batch, group>;
+  using canonical = mp::mp_append<shared, group>;
   using value = minus<lv, mp::mp_push_back<batch, KP>>;
+  using v_batch = minus<lv, mp::mp_push_back<value, KP>>;  // v's axes that are q's batch axes
   using q_packed = mp::mp_append<batch, mp::mp_list<P, K>>;
-  using k_packed = mp::mp_append<batch, mp::mp_list<KP, K>>;
-  using v_packed = mp::mp_append<batch, mp::mp_list<KP>, value>;
+  using k_packed = mp::mp_append<shared, mp::mp_list<KP, K>>;
+  using v_packed = mp::mp_append<shared, mp::mp_list<KP>, value>;
   using out = output_list<AxQ, AxV, KP, K>;
-  static constexpr bool valid = !std::is_same_v<P, KP> && !std::is_same_v<P, K> && !std::is_same_v<KP, K> &&
+  /// Pos, KPos and Key are three different axes; q has Pos and Key, k has KPos and Key, v has KPos; KPos is not
+  /// an axis of q and Pos not one of k or v.
+  static constexpr bool roles = !std::is_same_v<P, KP> && !std::is_same_v<P, K> && !std::is_same_v<KP, K> &&
                                 has_v<lq, P> && has_v<lq, K> && has_v<lk, KP> && has_v<lk, K> && has_v<lv, KP> &&
-                                !has_v<lq, KP> && !has_v<lk, P> && !has_v<lv, P> &&
-                                haliax::detail::same_set_v<minus<lk, mp::mp_list<KP, K>>, batch> &&
-                                subset_v<batch, lv> && !mp::mp_empty<value>::value;
+                                !has_v<lq, KP> && !has_v<lk, P> && !has_v<lv, P>;
+  /// k's batch axes are a subset of q's (equal for multi-head attention; q's extra ones are query groups).
+  static constexpr bool k_batch_in_q = subset_v<k_batch, batch>;
+  /// v has exactly k's batch axes among q's batch axes (so no query-group axis either).
+  static constexpr bool v_batch_is_k_batch = haliax::detail::same_set_v<v_batch, k_batch>;
+  /// v has at least one head axis of its own (the output's replacement for Key).
+  static constexpr bool has_value_axes = !mp::mp_empty<value>::value;
+  static constexpr bool valid = roles && k_batch_in_q && v_batch_is_k_batch && has_value_axes;
 };
 
 /// The layouts the kernels read each operand in: the operand's own when its head axes are innermost (rows are
@@ -389,9 +416,12 @@ void tile_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
 
 /// Sizes, mask and operand layouts of one flash-attention call. Query i and key j are at absolute positions
 /// q_start + i and k_start + j; `offset` = q_start - k_start. The output, its gradient and the gradients of
-/// q, k, v share the layouts of out, q, k, v.
+/// q, k, v share the layouts of out, q, k, v. `batch` counts q's batch elements, `kv_batch` those of k and v;
+/// q element b reads key/value element b / q_per_kv (grouped-query attention; q_per_kv = 1 otherwise).
+/// Segment ids and the log-sum-exp are per q element.
 struct geometry {
   std::int64_t batch = 0, nq = 0, nk = 0, d = 0, e = 0;
+  std::int64_t kv_batch = 0, q_per_kv = 1;
   std::int64_t bq = 128, bk = 128, nqb = 0, nkb = 0;
   bool causal = true;
   std::int64_t window = 0, offset = 0;
@@ -616,75 +646,100 @@ inline void single_threaded_blas() {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
-/// Forward of one query block of one batch element: online softmax over the visible key blocks. Writes the
-/// block's rows of `o` (normalised output) and `lse` (log-sum-exp of the scaled scores, [batch, nq], -inf for
-/// a row that sees no key).
+/// Forward of one query block of key/value element `kb`, for its query groups [h0, h1) (q elements
+/// kb * q_per_kv + h): an online softmax over the visible key blocks, the groups taking each key and value
+/// tile in turn (the tile stays in cache for all of them). Writes the groups' rows of `o` (normalised output)
+/// and `lse` (log-sum-exp of the scaled scores, [batch, nq], -inf for a row that sees no key). Each group's
+/// rows go through the same operations as they would without groups.
 template <class T>
-void forward_block(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale, std::int64_t b,
-                   std::int64_t ib) {
+void forward_block(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale, std::int64_t kb,
+                   std::int64_t ib, std::int64_t h0, std::int64_t h1) {
   [[maybe_unused]] const auto isa = haliax::nn::detail::detect_host_isa();
-  const std::int64_t i0 = ib * g.bq, rows = std::min(g.nq, i0 + g.bq) - i0, e = g.e;
-  T* s = scratch<T>(static_cast<std::size_t>(g.bq * g.bk + 2 * g.bq));
-  T* m = s + g.bq * g.bk;
-  T* l = m + g.bq;
-  const T* qb = q + g.ql.off[b] + i0 * g.ql.ld;
-  T* ob = o + g.ol.off[b] + i0 * g.ol.ld;
+  const std::int64_t i0 = ib * g.bq, rows = std::min(g.nq, i0 + g.bq) - i0, e = g.e, ng = h1 - h0;
+  T* s = scratch<T>(static_cast<std::size_t>(g.bq * g.bk + 2 * ng * g.bq));
+  T* m = s + g.bq * g.bk;  // running row max, group h's rows at (h - h0) * bq
+  T* l = m + ng * g.bq;    // running row sum, likewise
   constexpr T ninf = -std::numeric_limits<T>::infinity();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    m[r] = ninf;
-    l[r] = T(0);
-    std::fill(ob + r * g.ol.ld, ob + r * g.ol.ld + e, T(0));
+  for (std::int64_t h = h0; h < h1; ++h) {
+    T* ob = o + g.ol.off[kb * g.q_per_kv + h] + i0 * g.ol.ld;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      m[(h - h0) * g.bq + r] = ninf;
+      l[(h - h0) * g.bq + r] = T(0);
+      std::fill(ob + r * g.ol.ld, ob + r * g.ol.ld + e, T(0));
+    }
   }
   for (std::int64_t jb = 0; jb < g.nkb; ++jb) {
-    const auto kind = g.classify(b, ib, jb);
-    if (kind == geometry::empty) continue;
     const std::int64_t j0 = jb * g.bk, cols = std::min(g.nk, j0 + g.bk) - j0;
-    tile_gemm<T>(false, true, rows, cols, g.d, scale, qb, g.ql.ld, k + g.kl.off[b] + j0 * g.kl.ld, g.kl.ld, T(0), s,
-                 cols);
-    if (kind == geometry::partial) g.mask_tile<T>(b, i0, j0, rows, cols, s, ninf);
-    HALIAX_ATTN_DISPATCH(online_softmax, s, rows, cols, m, l, ob, g.ol.ld, e);
-    tile_gemm<T>(false, false, rows, e, cols, T(1), s, cols, v + g.vl.off[b] + j0 * g.vl.ld, g.vl.ld, T(1), ob,
-                 g.ol.ld);
+    const T* kt = k + g.kl.off[kb] + j0 * g.kl.ld;
+    const T* vt = v + g.vl.off[kb] + j0 * g.vl.ld;
+    for (std::int64_t h = h0; h < h1; ++h) {
+      const std::int64_t b = kb * g.q_per_kv + h;
+      const auto kind = g.classify(b, ib, jb);
+      if (kind == geometry::empty) continue;
+      T* ob = o + g.ol.off[b] + i0 * g.ol.ld;
+      tile_gemm<T>(false, true, rows, cols, g.d, scale, q + g.ql.off[b] + i0 * g.ql.ld, g.ql.ld, kt, g.kl.ld, T(0), s,
+                   cols);
+      if (kind == geometry::partial) g.mask_tile<T>(b, i0, j0, rows, cols, s, ninf);
+      HALIAX_ATTN_DISPATCH(online_softmax, s, rows, cols, m + (h - h0) * g.bq, l + (h - h0) * g.bq, ob, g.ol.ld, e);
+      tile_gemm<T>(false, false, rows, e, cols, T(1), s, cols, vt, g.vl.ld, T(1), ob, g.ol.ld);
+    }
   }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    T* orow = ob + r * g.ol.ld;
-    if (l[r] > T(0)) {
-      const T inv = T(1) / l[r];
-      for (std::int64_t c = 0; c < e; ++c) orow[c] *= inv;
-      lse[b * g.nq + i0 + r] = m[r] + std::log(l[r]);
-    } else {
-      std::fill(orow, orow + e, T(0));
-      lse[b * g.nq + i0 + r] = ninf;
+  for (std::int64_t h = h0; h < h1; ++h) {
+    const std::int64_t b = kb * g.q_per_kv + h;
+    T* ob = o + g.ol.off[b] + i0 * g.ol.ld;
+    const T* mh = m + (h - h0) * g.bq;
+    const T* lh = l + (h - h0) * g.bq;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T* orow = ob + r * g.ol.ld;
+      if (lh[r] > T(0)) {
+        const T inv = T(1) / lh[r];
+        for (std::int64_t c = 0; c < e; ++c) orow[c] *= inv;
+        lse[b * g.nq + i0 + r] = mh[r] + std::log(lh[r]);
+      } else {
+        std::fill(orow, orow + e, T(0));
+        lse[b * g.nq + i0 + r] = ninf;
+      }
     }
   }
 }
 
-/// The forward pass: o and lse from q, k, v. Parallel over (batch element, query block); each task writes
-/// only its own rows. Tasks are handed out last query block first: under a causal mask those see the most
-/// keys, so the long tasks start early and the pool finishes evenly.
+/// The forward pass: o and lse from q, k, v. Parallel over (key/value element, query block), each task running
+/// all query groups of its element (grouped-query attention); when that gives too few tasks for the pool, the
+/// groups are split into chunks of their own tasks. Each task writes only its own rows, and a row's result
+/// does not depend on the chunking, so neither does the output. Tasks are handed out last query block first:
+/// under a causal mask those see the most keys, so the long tasks start early and the pool finishes evenly.
 template <class T>
 void forward(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale) {
   haliax::detail::profile::region prof([] { return std::string("flash_attention forward"); },
                                        2.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
   single_threaded_blas();
-  haliax::detail::thread_pool::instance().run(g.batch * g.nqb, [&](std::int64_t t) {
-    forward_block<T>(g, q, k, v, o, lse, scale, t % g.batch, g.nqb - 1 - t / g.batch);
+  auto& pool = haliax::detail::thread_pool::instance();
+  const std::int64_t base = g.kv_batch * g.nqb;
+  const std::int64_t want = std::clamp<std::int64_t>((4 * std::int64_t{pool.size()} + base - 1) / base, 1, g.q_per_kv);
+  const std::int64_t per = (g.q_per_kv + want - 1) / want;  // query groups per task
+  const std::int64_t chunks = (g.q_per_kv + per - 1) / per;
+  pool.run(base * chunks, [&](std::int64_t t) {
+    const std::int64_t kb = t % g.kv_batch, rest = t / g.kv_batch, c = rest % chunks;
+    forward_block<T>(g, q, k, v, o, lse, scale, kb, g.nqb - 1 - rest / chunks, c * per,
+                     std::min(g.q_per_kv, (c + 1) * per));
   });
 }
 
-/// Number of key-block groups the backward pass splits each batch element into (each group accumulates its
-/// own partial dq, summed in group order afterwards). A function of the shape only, so that the summation
+/// Number of key-block groups the backward pass splits each key/value element into (each group accumulates
+/// its own partial dq, summed in group order afterwards). A function of the shape only, so that the summation
 /// order never depends on the thread count: enough tasks for a many-core host, no more groups than blocks.
 inline std::int64_t backward_groups(const geometry& g) {
   constexpr std::int64_t target_tasks = 16;
-  const std::int64_t want = (target_tasks + g.batch - 1) / std::max<std::int64_t>(g.batch, 1);
+  const std::int64_t want = (target_tasks + g.kv_batch - 1) / std::max<std::int64_t>(g.kv_batch, 1);
   return std::max<std::int64_t>(1, std::min(want, g.nkb));
 }
 
 /// The backward pass (FlashAttention-2): with delta_i = sum(dO_i * O_i), P = exp(S - lse), dP = dO V^T and
-/// dS = P * (dP - delta): dV = P^T dO, dK = scale dS^T Q, dQ = scale dS K. Parallel over (batch element, key
-/// block group): a task owns dK and dV of its key blocks and a partial dQ of its group; the partial dQs are
-/// added in group order. `qcount` is the element count of q (and dq).
+/// dS = P * (dP - delta): dV = P^T dO, dK = scale dS^T Q, dQ = scale dS K. Parallel over (key/value element,
+/// key block group): a task owns dK and dV of its key blocks and a partial dQ of its group. For each of its
+/// key blocks it visits the query blocks in order and, for each, the query groups of its element in order
+/// (grouped-query attention), so dK and dV sum over the groups in one fixed order; the partial dQs are added
+/// in group order. No sum depends on the thread count. `qcount` is the element count of q (and dq).
 template <class T>
 void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T scale,
               T* dq, std::int64_t qcount, T* dk, std::int64_t kcount, T* dv, std::int64_t vcount) {
@@ -714,33 +769,35 @@ void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o,
   std::fill(dk, dk + kcount, T(0));
   std::fill(dv, dv + vcount, T(0));
   const T* dl = delta.data();
-  pool.run(g.batch * groups, [&](std::int64_t t) {
-    const std::int64_t b = t / groups, grp = t - b * groups;
+  pool.run(g.kv_batch * groups, [&](std::int64_t t) {
+    const std::int64_t kvb = t / groups, grp = t - kvb * groups;
     T* p = scratch<T>(static_cast<std::size_t>(2 * g.bq * g.bk));
     T* dp = p + g.bq * g.bk;
-    T* dqb = (grp == 0 ? dq : partial.data() + (grp - 1) * qcount) + g.ql.off[b];
-    const T* qb0 = q + g.ql.off[b];
-    const T* dob0 = dout + g.ol.off[b];
+    T* dq0 = grp == 0 ? dq : partial.data() + (grp - 1) * qcount;
     for (std::int64_t jb = grp; jb < g.nkb; jb += groups) {
       const std::int64_t j0 = jb * g.bk, cols = std::min(nk, j0 + g.bk) - j0;
-      const T* kb = k + g.kl.off[b] + j0 * g.kl.ld;
-      const T* vb = v + g.vl.off[b] + j0 * g.vl.ld;
-      T* dkb = dk + g.kl.off[b] + j0 * g.kl.ld;
-      T* dvb = dv + g.vl.off[b] + j0 * g.vl.ld;
+      const T* kb = k + g.kl.off[kvb] + j0 * g.kl.ld;
+      const T* vb = v + g.vl.off[kvb] + j0 * g.vl.ld;
+      T* dkb = dk + g.kl.off[kvb] + j0 * g.kl.ld;
+      T* dvb = dv + g.vl.off[kvb] + j0 * g.vl.ld;
       for (std::int64_t ib = 0; ib < g.nqb; ++ib) {
-        const auto kind = g.classify(b, ib, jb);
-        if (kind == geometry::empty) continue;
         const std::int64_t i0 = ib * g.bq, rows = std::min(nq, i0 + g.bq) - i0;
-        const T* qb = qb0 + i0 * g.ql.ld;
-        const T* dob = dob0 + i0 * g.ol.ld;
-        tile_gemm<T>(false, true, rows, cols, d, scale, qb, g.ql.ld, kb, g.kl.ld, T(0), p, cols);
-        if (kind == geometry::partial) g.mask_tile<T>(b, i0, j0, rows, cols, p, -std::numeric_limits<T>::infinity());
-        HALIAX_ATTN_DISPATCH(probs, p, rows, cols, lse + b * nq + i0);
-        tile_gemm<T>(true, false, cols, e, rows, T(1), p, cols, dob, g.ol.ld, T(1), dvb, g.vl.ld);
-        tile_gemm<T>(false, true, rows, cols, e, T(1), dob, g.ol.ld, vb, g.vl.ld, T(0), dp, cols);
-        HALIAX_ATTN_DISPATCH(dscores, p, dp, rows, cols, dl + b * nq + i0);
-        tile_gemm<T>(true, false, cols, d, rows, scale, p, cols, qb, g.ql.ld, T(1), dkb, g.kl.ld);
-        tile_gemm<T>(false, false, rows, d, cols, scale, p, cols, kb, g.kl.ld, T(1), dqb + i0 * g.ql.ld, g.ql.ld);
+        for (std::int64_t h = 0; h < g.q_per_kv; ++h) {
+          const std::int64_t b = kvb * g.q_per_kv + h;
+          const auto kind = g.classify(b, ib, jb);
+          if (kind == geometry::empty) continue;
+          const T* qb = q + g.ql.off[b] + i0 * g.ql.ld;
+          const T* dob = dout + g.ol.off[b] + i0 * g.ol.ld;
+          tile_gemm<T>(false, true, rows, cols, d, scale, qb, g.ql.ld, kb, g.kl.ld, T(0), p, cols);
+          if (kind == geometry::partial) g.mask_tile<T>(b, i0, j0, rows, cols, p, -std::numeric_limits<T>::infinity());
+          HALIAX_ATTN_DISPATCH(probs, p, rows, cols, lse + b * nq + i0);
+          tile_gemm<T>(true, false, cols, e, rows, T(1), p, cols, dob, g.ol.ld, T(1), dvb, g.vl.ld);
+          tile_gemm<T>(false, true, rows, cols, e, T(1), dob, g.ol.ld, vb, g.vl.ld, T(0), dp, cols);
+          HALIAX_ATTN_DISPATCH(dscores, p, dp, rows, cols, dl + b * nq + i0);
+          tile_gemm<T>(true, false, cols, d, rows, scale, p, cols, qb, g.ql.ld, T(1), dkb, g.kl.ld);
+          tile_gemm<T>(false, false, rows, d, cols, scale, p, cols, kb, g.kl.ld, T(1), dq0 + g.ql.off[b] + i0 * g.ql.ld,
+                       g.ql.ld);
+        }
       }
     }
   });
@@ -777,8 +834,13 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "haliax::nn::flash_attention: float or double arrays only (convert bf16 with astype)");
   using A = flash_axes<AxQ, AxK, AxV, P, KP, K>;
+  static_assert(A::valid,
+                "haliax::nn::flash_attention: q needs Pos and Key, k KPos and Key, v KPos and a head axis of its own; "
+                "k's and v's other axes (their batch axes) must be the same, and a subset of q's batch axes (q's "
+                "axes other than Pos and Key): q's extra batch axes are query groups sharing one k/v head (GQA)");
   using LY = flash_layouts<A>;
-  using batch = typename A::batch;
+  using batch = typename A::canonical;  // q's batch axes, shared (k and v's) first, then the query groups
+  using shared = typename A::shared;
   using Out = axes_of<typename A::out>;
   constexpr const char* label = "haliax::nn::flash_attention";
   haliax::detail::check_shared_sizes(label, q, k);
@@ -812,10 +874,13 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
   constexpr std::size_t nb = mp::mp_size<batch>::value;
   geometry g;
   g.ql = describe<batch, P, typename LY::q>(qk.sizes());
-  g.kl = describe<batch, KP, typename LY::k>(kk.sizes());
-  g.vl = describe<batch, KP, typename LY::v>(vk.sizes());
+  g.kl = describe<shared, KP, typename LY::k>(kk.sizes());
+  g.vl = describe<shared, KP, typename LY::v>(vk.sizes());
   g.ol = describe<batch, P, typename A::out>(out.sizes());
   g.batch = static_cast<std::int64_t>(g.ql.off.size());
+  g.kv_batch = static_cast<std::int64_t>(g.kl.off.size());
+  mp::mp_for_each<typename A::group>(
+      [&]<class Tag>(Tag) { g.q_per_kv *= q.sizes()[haliax::detail::index_of_v<typename A::lq, Tag>]; });
   g.nq = q.size(P{});
   g.nk = k.size(KP{});
   g.d = q.size(K{});
@@ -830,8 +895,9 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
   g.window = opts.sliding_window;
   g.offset = opts.q_start - opts.k_start;
 
-  // Segment ids, packed to [batch..., Pos] and [batch..., KPos] (missing batch axes broadcast); the
-  // log-sum-exp is kept in the first of these layouts.
+  // Segment ids, packed to [batch..., Pos] and [batch..., KPos] with q's batch axes in the kernels' order
+  // (missing batch axes broadcast: the key ids too are per q element); the log-sum-exp is kept in the first
+  // of these layouts.
   using QSP = mp::mp_push_back<batch, P>;
   using KSP = mp::mp_push_back<batch, KP>;
   std::array<std::int64_t, nb + 1> qs{}, ks{};
@@ -881,15 +947,26 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
   return out;
 }
 
+/// `flash_axes` of the entry points' deduced axis types.
+template <class AxQ, class AxK, class AxV, class P, class KP, class K>
+using flash_axes_of =
+    flash_axes<AxQ, AxK, AxV, std::remove_cvref_t<P>, std::remove_cvref_t<KP>, std::remove_cvref_t<K>>;
+
 }  // namespace detail::attn
 
 /// Axes `flash_attention` accepts: q has Pos and Key, k has KPos and Key, v has KPos (three different axes);
-/// k's other axes are exactly q's batch axes (q's axes other than Pos and Key), v has those batch axes and at
-/// least one head axis of its own; Pos is not an axis of k or v and KPos not an axis of q.
+/// Pos is not an axis of k or v and KPos not an axis of q. k's other axes (its batch axes) are a subset of q's
+/// batch axes (q's axes other than Pos and Key): all of them for multi-head attention; q's batch axes that k
+/// lacks are query groups sharing one key/value head (grouped-query attention, e.g. q {batch, pos, kv_head,
+/// q_heads_per_group, key} with k {batch, key_pos, kv_head, key}). v has exactly k's batch axes among q's
+/// batch axes, and at least one head axis of its own. A call that breaks a rule names it in the compiler's
+/// message: `roles`, `k_batch_in_q`, `v_batch_is_k_batch` or `has_value_axes` of `flash_axes`.
 template <class AxQ, class AxK, class AxV, class P, class KP, class K>
-concept FlashAttentionAxes = AxisTag<P> && AxisTag<KP> && AxisTag<K> &&
-    detail::attn::flash_axes<AxQ, AxK, AxV, std::remove_cvref_t<P>, std::remove_cvref_t<KP>,
-                             std::remove_cvref_t<K>>::valid;
+concept FlashAttentionAxes =
+    AxisTag<P> && AxisTag<KP> && AxisTag<K> && detail::attn::flash_axes_of<AxQ, AxK, AxV, P, KP, K>::roles &&
+    detail::attn::flash_axes_of<AxQ, AxK, AxV, P, KP, K>::k_batch_in_q &&
+    detail::attn::flash_axes_of<AxQ, AxK, AxV, P, KP, K>::v_batch_is_k_batch &&
+    detail::attn::flash_axes_of<AxQ, AxK, AxV, P, KP, K>::has_value_axes;
 
 /// Segment-id arrays for `flash_attention`: int32 with Pos (query side) or KPos (key side) and otherwise only
 /// batch axes of q.
@@ -908,8 +985,12 @@ concept FlashSegmentAxes = detail::attn::has_v<detail::attn::list_of<AxS>, Pos> 
 /// Tiles wholly masked out are skipped (about half the work for causal attention). Its gradient is one node
 /// with a hand-written backward that recomputes score tiles. Result axes as `dot_product_attention`'s. A
 /// query that sees no key gives zeros (the plain version averages the values there). Host only, float/double.
+/// Grouped-query attention: k and v may lack some of q's batch axes (see `FlashAttentionAxes`); every query
+/// group then reads the one shared key/value head, which is never copied per group.
 ///   auto y = flash_attention(q, k, v, Pos, KPos, Key);                          // causal
 ///   auto w = flash_attention(q, k, v, Pos, KPos, Key, {.sliding_window = 256});  // Mistral-style window
+///   // GQA: q {batch, pos, kv_head, q_heads_per_group, key}, k and v {batch, key_pos, kv_head, key}
+///   auto g = flash_attention(q, k, v, Pos, KPos, Key);   // -> {batch, pos, kv_head, q_heads_per_group, key}
 template <FloatElement T, class AxQ, class AxK, class AxV, class P, class KP, class K>
 requires FlashAttentionAxes<AxQ, AxK, AxV, P, KP, K>
 auto flash_attention(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const named_array<T, AxV>& v, P, KP, K,

@@ -156,22 +156,21 @@ template <class T>
 void rotate(const T* x, T* y, const float* cs, const float* sn, std::int64_t rows, std::int64_t inner,
             std::int64_t npos, std::int64_t d, float sign) {
   const std::int64_t h = d / 2;
-  Kokkos::parallel_for(
-      "haliax::nn::apply_rotary", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, rows),
-      [=](std::int64_t r) {
-        const std::int64_t p = (r / inner) % npos;
-        const T* xr = x + r * d;
-        T* yr = y + r * d;
-        const float* c = cs + p * d;
-        const float* s = sn + p * d;
-        using C = std::conditional_t<std::is_same_v<T, double>, double, float>;  // double stays double
-        const C sg = static_cast<C>(sign);
-        for (std::int64_t i = 0; i < h; ++i) {
-          const C a = static_cast<C>(xr[i]), b = static_cast<C>(xr[i + h]);
-          yr[i] = static_cast<T>(a * static_cast<C>(c[i]) - sg * b * static_cast<C>(s[i]));
-          yr[i + h] = static_cast<T>(b * static_cast<C>(c[i + h]) + sg * a * static_cast<C>(s[i + h]));
-        }
-      });
+  Kokkos::parallel_for("haliax::nn::apply_rotary", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, rows),
+                       [=](std::int64_t r) {
+                         const std::int64_t p = (r / inner) % npos;
+                         const T* xr = x + r * d;
+                         T* yr = y + r * d;
+                         const float* c = cs + p * d;
+                         const float* s = sn + p * d;
+                         using C = std::conditional_t<std::is_same_v<T, double>, double, float>;  // double stays double
+                         const C sg = static_cast<C>(sign);
+                         for (std::int64_t i = 0; i < h; ++i) {
+                           const C a = static_cast<C>(xr[i]), b = static_cast<C>(xr[i + h]);
+                           yr[i] = static_cast<T>(a * static_cast<C>(c[i]) - sg * b * static_cast<C>(s[i]));
+                           yr[i + h] = static_cast<T>(b * static_cast<C>(c[i + h]) + sg * a * static_cast<C>(s[i + h]));
+                         }
+                       });
 }
 
 }  // namespace detail::rotary
@@ -179,8 +178,8 @@ void rotate(const T* x, T* y, const float* cs, const float* sn, std::int64_t row
 /// RoPE applied to `x`, whose innermost axis is the head axis `H` and which has the position axis `P` (of the
 /// table's size): {batch, position, heads..., head_size}. Gradient: the inverse rotation of the incoming one.
 template <class T, class Ax, AxisTag P, AxisTag H>
-requires AxisOf<P, Ax> && AxisOf<H, Ax>
-named_array<T, Ax> apply_rotary(const named_array<T, Ax>& x, const rope_table<P, H>& t, P, H) {
+requires AxisOf<P, Ax> && AxisOf<H, Ax> named_array<T, Ax> apply_rotary(const named_array<T, Ax>& x,
+                                                                        const rope_table<P, H>& t, P, H) {
   namespace lay = haliax::detail::layout;
   namespace hd = haliax::detail;
   constexpr std::size_t kp = hd::index_of_v<hd::to_list<Ax>, P>;

@@ -212,30 +212,30 @@ struct levanter::config::schema<levanter::YarnRopeConfig> {
       field("mscale", &T::mscale, "attention temperature: cos/sin scaled by 0.1 * mscale * ln(factor) + 1"));
 };
 
-#define LEVANTER_LLAMA_COMMON_FIELDS_(T)                                                                              \
-  field("seq_len", &T::seq_len, "context length (the position axis)"),                                              \
-      field("hidden_dim", &T::hidden_dim, "width of the residual stream (embed axis)"),                             \
-      field("intermediate_dim", &T::intermediate_dim, "width of the SwiGLU MLP (mlp axis)"),                        \
-      field("num_layers", &T::num_layers, "number of decoder layers"),                                              \
-      field("num_heads", &T::num_heads, "query heads"),                                                             \
-      field("head_dim", &T::head_dim, "head size (default hidden_dim / num_heads)"),                                \
-      field("num_kv_heads", &T::num_kv_heads, "key/value heads: num_heads for MHA, 1 for MQA, else GQA"),           \
-      field("activation_function", &T::activation_function, "MLP gate activation (silu, gelu_new, ...)"),         \
+#define LEVANTER_LLAMA_COMMON_FIELDS_(T)                                                                           \
+  field("seq_len", &T::seq_len, "context length (the position axis)"),                                             \
+      field("hidden_dim", &T::hidden_dim, "width of the residual stream (embed axis)"),                            \
+      field("intermediate_dim", &T::intermediate_dim, "width of the SwiGLU MLP (mlp axis)"),                       \
+      field("num_layers", &T::num_layers, "number of decoder layers"),                                             \
+      field("num_heads", &T::num_heads, "query heads"),                                                            \
+      field("head_dim", &T::head_dim, "head size (default hidden_dim / num_heads)"),                               \
+      field("num_kv_heads", &T::num_kv_heads, "key/value heads: num_heads for MHA, 1 for MQA, else GQA"),          \
+      field("activation_function", &T::activation_function, "MLP gate activation (silu, gelu_new, ...)"),          \
       field("initializer_range", &T::initializer_range, "kept for Hugging Face config.json (init is upstream's)"), \
-      field("layer_norm_epsilon", &T::layer_norm_epsilon, "RMSNorm epsilon"),                                       \
-      field("tie_word_embeddings", &T::tie_word_embeddings, "LM head tied to the token embeddings"),                \
-      field("hybrid_norm", &T::hybrid_norm, "extra RMSNorms after attention and after the MLP"),                    \
-      field("input_embedding_norm", &T::input_embedding_norm, "RMSNorm after the token embeddings"),                \
-      field("upcast_attn", &T::upcast_attn, "attention scores in f32 under mixed precision"),                       \
+      field("layer_norm_epsilon", &T::layer_norm_epsilon, "RMSNorm epsilon"),                                      \
+      field("tie_word_embeddings", &T::tie_word_embeddings, "LM head tied to the token embeddings"),               \
+      field("hybrid_norm", &T::hybrid_norm, "extra RMSNorms after attention and after the MLP"),                   \
+      field("input_embedding_norm", &T::input_embedding_norm, "RMSNorm after the token embeddings"),               \
+      field("upcast_attn", &T::upcast_attn, "attention scores in f32 under mixed precision"),                      \
       field("attn_backend", &T::attn_backend, "attention kernel: default/jax_flash (blocked) or vanilla (plain)"), \
-      field("flash_attention_block_size", &T::flash_attention_block_size, "block size of the blocked attention"),   \
-      field("gradient_checkpointing", &T::gradient_checkpointing, "recompute each layer in the backward pass"),      \
-      field("scan_layers", &T::scan_layers, "layers stacked along one axis (the only layout here)"),                \
-      field("use_bias", &T::use_bias, "biases in the projections and norms"),                                       \
-      field("use_layer_norm_weight", &T::use_layer_norm_weight, "RMSNorms have a weight"),                          \
-      field("rope", &T::rope, "rotary position embeddings (type: default, linear, llama3, yarn)"),                  \
-      field("reference_checkpoint", &T::reference_checkpoint, "Hugging Face checkpoint the config refers to"),      \
-      field("tokenizer", &T::tokenizer, "tokenizer for Hugging Face export"),                                       \
+      field("flash_attention_block_size", &T::flash_attention_block_size, "block size of the blocked attention"),  \
+      field("gradient_checkpointing", &T::gradient_checkpointing, "recompute each layer in the backward pass"),    \
+      field("scan_layers", &T::scan_layers, "layers stacked along one axis (the only layout here)"),               \
+      field("use_bias", &T::use_bias, "biases in the projections and norms"),                                      \
+      field("use_layer_norm_weight", &T::use_layer_norm_weight, "RMSNorms have a weight"),                         \
+      field("rope", &T::rope, "rotary position embeddings (type: default, linear, llama3, yarn)"),                 \
+      field("reference_checkpoint", &T::reference_checkpoint, "Hugging Face checkpoint the config refers to"),     \
+      field("tokenizer", &T::tokenizer, "tokenizer for Hugging Face export"),                                      \
       field("cross_entropy_block_size", &T::cross_entropy_block_size, "vocabulary block of the fused LM-head loss")
 
 template <>

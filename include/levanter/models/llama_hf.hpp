@@ -17,10 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include <levanter/compat/hf.hpp>
 #include <levanter/models/llama.hpp>
+#include <nlohmann/json.hpp>
 
 namespace levanter::hf {
 
@@ -38,7 +37,7 @@ struct hf_adapter<llama::LMHeadModel> {
   static void check_matches(const LlamaConfig& c, const nlohmann::json& j, const std::string& where);
   static std::string hf_name(const std::string& ours);
   static std::vector<std::pair<std::string, std::vector<std::int64_t>>> hf_layout(const LlamaConfig& c,
-                                                                                   std::int64_t vocab);
+                                                                                  std::int64_t vocab);
   static bool missing_ok(const std::string&) { return false; }
   static std::string full_name(const hf_dir&, const std::string& hf_name) { return hf_name; }
   static std::string unused(const hf_dir& d, const std::string& name);
