@@ -238,8 +238,13 @@ TEST_CASE("choices: type key, bare name, default, unknown and unsupported types"
   CHECK(contains(e, "x.type (<yaml>:1): unknown type 'wsd'; supported types: {cosine,constant,linear,inv_sqrt,inv,power}"));
   e = error_of([] { dec<OptimizerChoice>("{type: lion, beta1: 0.9}"); });
   CHECK(contains(e, "x.type (<yaml>:1): lion is not supported yet; use type: adam"));
-  e = error_of([] { dec<ModelChoice>("llama"); });
-  CHECK(contains(e, "llama is not supported yet; use type: gpt2"));
+  e = error_of([] { dec<ModelChoice>("mixtral"); });
+  CHECK(contains(e, "mixtral is not supported yet; use type: mistral (dense) or llama"));
+  CHECK(dec<ModelChoice>("llama").type_name() == "llama");
+  CHECK(dec<ModelChoice>("{type: qwen, use_sliding_window: true, sliding_window: 8}").get_if<QwenConfig>()->family ==
+        llama_family::qwen2);
+  CHECK(round_trip(dec<ModelChoice>("{type: mistral, sliding_window: 16}")).get_if<MistralConfig>()->sliding_window ==
+        16);
   // no type: the class whose keys fit (upstream's default tracker is wandb)
   auto t = dec<TrackerChoice>("{project: levanter, tags: [a]}");
   CHECK(t.type_name() == "wandb");

@@ -7,6 +7,7 @@
 // config checks.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include <doctest/doctest.h>
 #include <haliax/haliax.hpp>
+#include <levanter/checkpoint/h5.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/models/llama_hf.hpp>
 #include <levanter/models/registry.hpp>
@@ -213,6 +215,23 @@ TEST_CASE("llama family: Hugging Face export then import is bitwise, config.json
       CHECK(v == b.at(k));
     }
     fs::remove_all(dir);
+
+    // For the transformers oracle (tests/oracle/check_hf_llama_export.py): an export of a model of ours (the
+    // golden weights scaled, so it is not transformers' own model) with our logits.
+    if (const char* out = std::getenv("LEVANTER_HF_EXPORT_CHECK_DIR")) {
+      const fs::path o = fs::path(out) / name;
+      fs::remove_all(o);
+      const auto ours = hax::tree::map(model, [](const std::string&, const auto& x) { return x * 1.25f; });
+      levanter::hf::save(ours, cfg, vocab, o.string(), {0, 1});
+      h5golden::file f(golden + "/" + std::string(name) + "_golden.h5");
+      auto b = golden_batch(f);
+      hax::no_grad_guard ng;
+      levanter::checkpoint::snapshot snap;
+      snap.add("tokens", b.tokens);
+      snap.add("logits", levanter::lm_logits(ours, cfg, b.tokens, b.ex.segment_ids));
+      snap.write((o / "levanter_logits.h5").string());
+      MESSAGE("wrote an export for check_hf_llama_export.py to " << o.string());
+    }
   }
 }
 
