@@ -23,6 +23,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -35,6 +36,8 @@
 
 #include "../core.hpp"
 #include "../detail/math.hpp"
+#include "../detail/profile.hpp"
+#include "../detail/thread_pool.hpp"
 #include "../ops/elementwise.hpp"
 
 namespace haliax::nn {
@@ -1538,15 +1541,55 @@ void check_into(const char* op, const named_array<T, Axes>& x, const named_array
     throw std::invalid_argument(std::string(op) + ": out shares x's buffer; pass a separate array");
 }
 
+/// Elements from which a host activation is split over haliax's thread pool (below: one Kokkos kernel).
+inline constexpr std::int64_t pooled_activation_min = std::int64_t{1} << 16;
+
+/// out[i] = op(a[i]) (unary) or op(a[i], b[i]) (binary) for arrays of `n` elements: one Kokkos kernel, or on
+/// the host, when the arrays are large, chunks of 16K elements spread over haliax's thread pool (activations of
+/// an MLP are tens of millions of elements, and the Serial backend runs a kernel on one thread). Each element is
+/// computed by the same expression either way, so results do not depend on the path or the thread count.
+template <bool Binary, class T, class Op>
+void elementwise_pooled(const char* label, const T* a, const T* b, T* out, std::int64_t n, Op op) {
+  namespace hd = haliax::detail;
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, execution_space::memory_space>::accessible;
+  if constexpr (host) {
+    if (n >= pooled_activation_min && hd::thread_pool::instance().size() > 1) {
+      hd::profile::region prof([label] { return std::string(label); }, 0.0);
+      constexpr std::int64_t chunk = 16384;
+      hd::thread_pool::instance().run((n + chunk - 1) / chunk, [&](std::int64_t c) {
+        const std::int64_t end = std::min(n, (c + 1) * chunk);
+        for (std::int64_t i = c * chunk; i < end; ++i) {
+          if constexpr (Binary)
+            hd::store(out, i, op(hd::load(a, i), hd::load(b, i)));
+          else
+            hd::store(out, i, op(hd::load(a, i)));
+        }
+      });
+      return;
+    }
+  }
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        if constexpr (Binary)
+          hd::store(out, i, op(hd::load(a, i), hd::load(b, i)));
+        else
+          hd::store(out, i, op(hd::load(a, i)));
+      });
+}
+
 /// An elementwise activation f with derivative functor D; records g * f'(x) as its backward.
 template <class T, class Axes, class F, class D>
 named_array<T, Axes> activation(const char* label, const named_array<T, Axes>& x, F f, D df) {
-  auto r = haliax::detail::map<T>(label, x, f);
+  auto r = named_array<T, Axes>::allocate(x.sizes(), label);
+  elementwise_pooled<false, T>(label, x.data(), static_cast<const T*>(nullptr), r.data(), x.element_count(), f);
   if (haliax::detail::ad::any_tracked(x))
     haliax::detail::ad::record(
         r,
         [xs = untracked(x), df](const named_array<T, Axes>& g, auto) {
-          return std::tuple{haliax::detail::zip<T, Axes>("haliax::nn::activation_grad", g, xs, chain_fn<D>{df})};
+          auto gx = named_array<T, Axes>::allocate(xs.sizes(), "haliax::nn::activation_grad");
+          elementwise_pooled<true, T>("haliax::nn::activation_grad", g.data(), xs.data(), gx.data(),
+                                      xs.element_count(), chain_fn<D>{df});
+          return std::tuple{gx};
         },
         x);
   return r;
