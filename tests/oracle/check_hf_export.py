@@ -20,6 +20,28 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_hf_gpt2_golden import GOLDEN, ensure_venv  # noqa: E402
 
 
+def compare_logits(d, model, errors):
+    """Runs `model` on the tokens of DIR/levanter_logits.h5 and appends to `errors` unless its logits equal ours
+    to 1e-4 * max(1, max|logits|)."""
+    import h5py
+    import numpy as np
+    import torch
+
+    with h5py.File(os.path.join(d, "levanter_logits.h5"), "r") as f:
+        tokens = np.asarray(f["tokens"])
+        ours = np.asarray(f["logits"], dtype=np.float32)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
+    if ours.shape != ref.shape:
+        errors.append(f"logits shape {ours.shape} != transformers' {ref.shape}")
+        return
+    diff = float(np.abs(ours - ref).max())
+    tol = 1e-4 * max(1.0, float(np.abs(ref).max()))
+    print(f"tokens {tokens.shape}, max|logits| {np.abs(ref).max():.6g}, max|diff| {diff:.3g} (tol {tol:.3g})")
+    if not diff <= tol:
+        errors.append(f"max|diff| {diff:.3g} > tol {tol:.3g}")
+
+
 def check(d):
     import h5py
     import numpy as np
@@ -44,19 +66,7 @@ def check(d):
     if model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr():
         print("note: lm_head.weight is not tied to wte.weight")
 
-    with h5py.File(os.path.join(d, "levanter_logits.h5"), "r") as f:
-        tokens = np.asarray(f["tokens"])
-        ours = np.asarray(f["logits"], dtype=np.float32)
-    with torch.no_grad():
-        ref = model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
-    if ours.shape != ref.shape:
-        errors.append(f"logits shape {ours.shape} != transformers' {ref.shape}")
-    else:
-        diff = float(np.abs(ours - ref).max())
-        tol = 1e-4 * max(1.0, float(np.abs(ref).max()))
-        print(f"tokens {tokens.shape}, max|logits| {np.abs(ref).max():.6g}, max|diff| {diff:.3g} (tol {tol:.3g})")
-        if not diff <= tol:
-            errors.append(f"max|diff| {diff:.3g} > tol {tol:.3g}")
+    compare_logits(d, model, errors)
 
     for e in errors:
         print("FAIL:", e)

@@ -15,13 +15,11 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from check_hf_export import compare_logits  # noqa: E402
 from gen_hf_gpt2_golden import ensure_venv  # noqa: E402
 
 
 def check(d):
-    import h5py
-    import numpy as np
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     errors = []
@@ -35,19 +33,7 @@ def check(d):
     for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         if info.get(key):
             errors.append(f"{key}: {info[key]}")
-    with h5py.File(os.path.join(d, "levanter_logits.h5"), "r") as f:
-        tokens = np.asarray(f["tokens"])
-        ours = np.asarray(f["logits"], dtype=np.float32)
-    with torch.no_grad():
-        ref = model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
-    if ours.shape != ref.shape:
-        errors.append(f"logits shape {ours.shape} != transformers' {ref.shape}")
-    else:
-        diff = float(np.abs(ours - ref).max())
-        tol = 1e-4 * max(1.0, float(np.abs(ref).max()))
-        print(f"  max|logits| {np.abs(ref).max():.6g}, max|diff| {diff:.3g} (tol {tol:.3g})")
-        if not diff <= tol:
-            errors.append(f"max|diff| {diff:.3g} > tol {tol:.3g}")
+    compare_logits(d, model, errors)
     for e in errors:
         print(f"  FAIL: {e}")
     return not errors
