@@ -14,6 +14,8 @@ packages=(
   libyaml-cpp-dev libhdf5-dev libopenmpi-dev openmpi-bin zlib1g-dev libzstd-dev nlohmann-json3-dev
   # Tests and benchmarks.
   doctest-dev libbenchmark-dev
+  # The fuzz tests (tests/fuzz/): clang++ and its libFuzzer and sanitizer runtimes.
+  clang libclang-rt-14-dev
   # h5dump and h5ls: the tests check that checkpoints open in the standard HDF5 tools.
   hdf5-tools
   # The embedded default's corpus (English text, turned into JSON lines by the build).

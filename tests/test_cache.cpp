@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <limits>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -344,4 +346,86 @@ TEST_CASE("bad documents and empty data surface from the builder") {
   CHECK(error_of([&] { e->total_tokens(); }).find("no documents") != std::string::npos);
   auto m = open_or_build_cache(d.str("missing"), {d.str("gone.jsonl")}, {}, byte_encode, byte_meta(), small_chunks(1));
   CHECK(error_of([&] { m->total_tokens(); }).find("gone.jsonl") != std::string::npos);
+}
+
+TEST_CASE("token ids outside the vocabulary in a cache are refused when it opens and when it is read") {
+  temp_dir d;
+  auto files = make_corpus(d, 400);
+  const std::string dir = d.str("cache/train");
+  std::int64_t total = 0;
+  {
+    auto c = open_or_build_cache(dir, files, {}, byte_encode, byte_meta(), small_chunks(1));
+    total = c->total_tokens();
+  }
+  const auto ledger = nlohmann::json::parse(slurp(dir + "/shard_ledger.json"));
+  CHECK(ledger["min_token_id"] == 32);  // the space
+  CHECK(ledger["max_token_id"] == 256);
+  const std::string data = dir + "/input_ids/data.bin";
+  const std::string pristine = slurp(data);
+  auto put = [&](std::int64_t at, std::int32_t id) {
+    std::string bytes = pristine;
+    std::memcpy(bytes.data() + at * 4, &id, 4);
+    std::ofstream(data, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  // A bad id where opening samples (the first tokens): refused at open, naming the cache, position and id.
+  for (const std::int32_t bad : {-1, std::numeric_limits<std::int32_t>::min(), 257, 1 << 30}) {
+    put(3, bad);
+    const auto e = error_of([&] { open_or_build_cache(dir, {}, {}, byte_encode, byte_meta(), small_chunks(1)); });
+    CHECK(e.find("token cache '" + dir + "' is corrupt: token 3 is id " + std::to_string(bad) +
+                 ", outside the vocabulary [0, 257)") != std::string::npos);
+  }
+  // Elsewhere (opening samples 16 Ki tokens at the start, the middle and the end): refused by the read that
+  // meets it.
+  REQUIRE(total > 60000);
+  const std::int64_t at = 20005;
+  put(at, 300);
+  auto c = open_or_build_cache(dir, {}, {}, byte_encode, byte_meta(), small_chunks(1));
+  std::vector<std::int32_t> buf(64);
+  CHECK_NOTHROW(c->read_tokens(0, 64, buf.data()));
+  CHECK(error_of([&] { c->read_tokens(at - 10, 64, buf.data()); })
+            .find("token " + std::to_string(at) + " is id 300") != std::string::npos);
+  c.reset();
+  // A ledger whose recorded range is outside the vocabulary, and one of the wrong shape.
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << pristine;
+  auto bad_ledger = ledger;
+  bad_ledger["max_token_id"] = 4000;
+  std::ofstream(dir + "/shard_ledger.json", std::ios::trunc) << bad_ledger.dump();
+  CHECK(error_of([&] { open_or_build_cache(dir, {}, {}, byte_encode, byte_meta(), small_chunks(1)); })
+            .find("holds ids from 32 to 4000 per its ledger") != std::string::npos);
+  bad_ledger = ledger;
+  bad_ledger["field_counts"]["input_ids"] = "many";
+  std::ofstream(dir + "/shard_ledger.json", std::ios::trunc) << bad_ledger.dump();
+  CHECK(error_of([&] { open_or_build_cache(dir, {}, {}, byte_encode, byte_meta(), small_chunks(1)); })
+            .find("is damaged") != std::string::npos);
+  bad_ledger = ledger;
+  bad_ledger["total_num_rows"] = -5;
+  std::ofstream(dir + "/shard_ledger.json", std::ios::trunc) << bad_ledger.dump();
+  CHECK(error_of([&] { open_or_build_cache(dir, {}, {}, byte_encode, byte_meta(), small_chunks(1)); })
+            .find("is damaged: 'total_num_rows' is not a count (-5)") != std::string::npos);
+  // Fields a resumed build relies on: counts that disagree would make it skip or repeat documents.
+  auto refused = [&](auto edit, const std::string& why) {
+    auto l = ledger;
+    edit(l);
+    std::ofstream(dir + "/shard_ledger.json", std::ios::trunc) << l.dump();
+    CHECK(error_of([&] { open_or_build_cache(dir, {}, {}, byte_encode, byte_meta(), small_chunks(1)); })
+              .find("is damaged: " + why) != std::string::npos);
+  };
+  refused([](auto& l) { l["shard_rows"].erase("0_jsonl"); }, "'shard_rows' add up to 800, 'total_num_rows' says 1200");
+  refused([](auto& l) { l["total_num_rows"] = 1e300; }, "'total_num_rows' is not a count (1e+300)");
+  refused([](auto& l) { l["max_token_id"] = 0.5; }, "'max_token_id' is not an integer");
+  refused([](auto& l) { l["is_finished"] = "yes"; }, "'is_finished' is not a boolean");
+  refused([](auto& l) { l["shards"] = 3; }, "'shards' is not a list");
+  refused([](auto& l) { l["finished_shards"] = {"1_jsonl"}; }, "'finished_shards' is not a prefix of 'shards'");
+  refused([](auto& l) { l["metadata"] = nlohmann::json::array(); }, "'metadata' is not an object of objects");
+  // An encoder that returns an id outside the vocabulary fails the build instead of writing it.
+  auto broken = [](std::string_view s) {
+    auto ids = byte_encode(s);
+    ids[0] = 999;
+    return ids;
+  };
+  const auto e = error_of([&] {
+    auto c2 = open_or_build_cache(d.str("cache/broken"), files, {}, broken, byte_meta(), small_chunks(1));
+    c2->total_tokens();
+  });
+  CHECK(e.find("is id 999, outside the vocabulary [0, 257)") != std::string::npos);
 }

@@ -3,9 +3,14 @@
 // clock and the deletion rules for temporary checkpoints.
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -140,6 +145,8 @@ TEST_CASE("checkpoint: commits are atomic and discovery picks the newest complet
   std::ofstream(base / "step-40" / "model.h5") << "partial";
   auto found = ck::discover(base);
   REQUIRE(found.checkpoints.size() == 2);
+  // The step directory without metadata.json is reported (damaged), the hidden unfinished write is not.
+  CHECK(found.incomplete == std::vector<std::string>{(base / "step-40").string()});
   CHECK(found.checkpoints[0].step == 20);
   CHECK(found.checkpoints[0].is_temporary);
   CHECK(found.checkpoints[1].step == 10);
@@ -154,6 +161,18 @@ TEST_CASE("checkpoint: commits are atomic and discovery picks the newest complet
   CHECK(found.checkpoints.size() == 2);
   REQUIRE(found.problems.size() == 1);
   CHECK(found.problems[0].find("step-50/metadata.json' is corrupt") != std::string::npos);
+  // Hostile metadata (fuzzer findings): deep nesting, a step too large for an integer, a negative size.
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {std::string(100000, '[') + std::string(100000, ']'), "nested deeper than 16 levels"},
+           {R"({"step": 1e300, "timestamp": "x"})", "'step' is not a non-negative integer"},
+           {R"({"step": 18446744073709551615})", "'step' is not a non-negative integer"},
+           {R"({"step": 3, "files": {"model.h5": -4}})", "'files.model.h5' has the wrong type"},
+           {R"({"step": 3, "files": {"../x": 4}})", "invalid file '../x'"}}) {
+    std::ofstream(base / "step-50" / "metadata.json", std::ios::trunc) << text;
+    found = ck::discover(base);
+    REQUIRE(found.problems.size() == 1);
+    CHECK(found.problems[0].find(why) != std::string::npos);
+  }
   fs::remove_all(base);
 }
 
@@ -238,7 +257,8 @@ TEST_CASE("checkpointer: step policies, time policy and deletion of temporary ch
   fs::create_directories(base / ".step-7.tmp-999999999" / "x");
   const auto mine = base / (".step-8.tmp-" + std::to_string(::getpid()));
   fs::create_directories(mine);
-  ck::checkpointer c(p, [&] { return now; }, [&](const std::string& s) { log.push_back(s); });
+  auto first = std::make_unique<ck::checkpointer>(p, [&] { return now; }, [&](const std::string& s) { log.push_back(s); });
+  auto& c = *first;
   CHECK_FALSE(fs::exists(base / ".step-7.tmp-999999999"));
   CHECK(fs::exists(mine));
   fs::remove_all(mine);
@@ -290,6 +310,7 @@ TEST_CASE("checkpointer: step policies, time policy and deletion of temporary ch
   now += std::chrono::seconds(1);
   c.save_now(48, files(48)(), true);
   c.wait();
+  first.reset();  // the first run ends (its lock on the directory with it)
   ck::checkpointer resumed(p, [&] { return now; });
   now += std::chrono::seconds(31);
   CHECK(resumed.on_step(49, files(49)));
@@ -307,14 +328,159 @@ TEST_CASE("checkpointer: keep policies must be ordered, and write failures surfa
   CHECK_THROWS_WITH_AS(ck::checkpointer{p}, doctest::Contains("only the last policy may omit 'until'"), ck::error);
   p.keep = {levanter::KeepPolicy{5, 20}, levanter::KeepPolicy{10, 10}};
   CHECK_THROWS_WITH_AS(ck::checkpointer{p}, doctest::Contains("sorted by increasing 'until'"), ck::error);
-  // A base path that is a file: the background write fails and the next call reports it.
+  // A base path that is a file: refused when the checkpointer locks it, naming the path.
   std::ofstream(p.base_path / "file") << "x";
   p.base_path = p.base_path / "file";
   p.keep = {levanter::KeepPolicy{1, std::nullopt}};
+  CHECK_THROWS_WITH_AS(ck::checkpointer{p}, doctest::Contains(p.base_path.string().c_str()), ck::error);
+  // A background write that fails (no file may grow: RLIMIT_FSIZE 0) is reported by the next call.
+  p.base_path = p.base_path.parent_path() / "run";
   ck::checkpointer c(p);
   const auto m = model(1);
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGXFSZ, &ignore, &old);
+  rlimit saved{};
+  ::getrlimit(RLIMIT_FSIZE, &saved);
+  rlimit none = saved;
+  none.rlim_cur = 0;
+  ::setrlimit(RLIMIT_FSIZE, &none);
   const bool started = c.on_step(1, [&] { return ck::train_state_files<LMHeadModel>(m, nullptr, 1, {}, 0, ""); });
   CHECK(started);
-  CHECK_THROWS_AS(c.wait(), ck::error);
+  CHECK_THROWS_WITH_AS(c.wait(), doctest::Contains(p.base_path.string().c_str()), ck::error);
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  ::sigaction(SIGXFSZ, &old, nullptr);
   fs::remove_all(p.base_path.parent_path());
+}
+
+TEST_CASE("checkpoint: a changed byte anywhere in a checkpoint's files is detected on load, by its checksum") {
+  auto base = temp_dir("flip");
+  const auto t0 = std::chrono::system_clock::now();
+  const auto a = model(1), b = model(2);
+  save(base, a, 10, false, t0);
+  const auto newest = save(base, b, 20, false, t0 + std::chrono::seconds(1));
+  const auto info = ck::read_metadata(newest).value();
+  CHECK(info.metadata["format_version"] == 2);
+  REQUIRE(info.metadata["checksums"].size() == info.metadata["files"].size());
+  CHECK_NOTHROW(ck::verify_files(info));
+  int flipped = 0, detected = 0;
+  for (const auto& [name, size] : info.metadata["files"].items()) {
+    const auto path = newest / name;
+    const std::string original = slurp(path);
+    // Every offset of small files; every 7th and the last of the larger ones.
+    std::vector<std::size_t> offsets;
+    for (std::size_t at = 0; at < original.size(); at += original.size() < 4096 ? 1 : 7) offsets.push_back(at);
+    offsets.push_back(original.size() - 1);
+    for (const auto at : offsets) {
+      std::string damaged = original;
+      damaged[at] = static_cast<char>(damaged[at] ^ (1 << (at % 8)));
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << damaged;
+      ++flipped;
+      try {
+        ck::verify_files(info);
+      } catch (const ck::error& e) {
+        const std::string what = e.what();
+        if (what.find("'" + name + "' do not match their checksum") != std::string::npos) ++detected;
+      }
+    }
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << original;
+  }
+  CHECK(flipped > 1000);
+  CHECK(detected == flipped);
+  CHECK_NOTHROW(ck::verify_files(info));
+
+  // On resume, the damaged newest checkpoint is skipped with its reason and the previous one loads.
+  {
+    std::string damaged = slurp(newest / "model.h5");
+    damaged[damaged.size() / 2] ^= 0x10;
+    std::ofstream(newest / "model.h5", std::ios::binary | std::ios::trunc) << damaged;
+  }
+  std::vector<std::string> log;
+  auto m = model(3);
+  std::int64_t step = -1;
+  auto load = [&](const ck::checkpoint_info& c) { step = ck::load_train_state<LMHeadModel>(c, m, nullptr, false).step; };
+  CHECK(ck::resume_newest(base, load, [&](const std::string& s) { log.push_back(s); }) == ck::resume_outcome::loaded);
+  CHECK(step == 10);
+  CHECK(values(m) == values(a));
+  REQUIRE(log.size() == 1);
+  CHECK(log[0].find("'model.h5' do not match their checksum") != std::string::npos);
+  fs::remove_all(base);
+}
+
+TEST_CASE("checkpoint: step directories without metadata.json are reported and never trained over") {
+  auto base = temp_dir("nometa");
+  const auto t0 = std::chrono::system_clock::now();
+  save(base, model(1), 10, false, t0);
+  save(base, model(2), 20, false, t0 + std::chrono::seconds(1));
+  fs::remove(base / "step-10" / "metadata.json");
+  fs::remove(base / "step-20" / "metadata.json");
+  auto m = model(3);
+  auto load = [&](const ck::checkpoint_info& c) { ck::load_train_state<LMHeadModel>(c, m, nullptr, false); };
+  std::vector<std::string> log;
+  CHECK_THROWS_WITH_AS(ck::resume_newest(base, load, [&](const std::string& s) { log.push_back(s); }),
+                       doctest::Contains("2 step directories without metadata.json"), ck::error);
+  REQUIRE(log.size() == 2);
+  CHECK(log[0].find("step-10: it has no metadata.json") != std::string::npos);
+  // With one committed checkpoint left, it loads and the damaged one is named in the log.
+  save(base, model(1), 10, false, t0);
+  log.clear();
+  CHECK(ck::resume_newest(base, load, [&](const std::string& s) { log.push_back(s); }) == ck::resume_outcome::loaded);
+  REQUIRE(log.size() == 1);
+  CHECK(log[0].find("step-20: it has no metadata.json") != std::string::npos);
+  fs::remove_all(base);
+}
+
+TEST_CASE("checkpoint: a write that runs out of space leaves no trace and the committed checkpoint intact") {
+  auto base = temp_dir("fsize");
+  const auto a = model(1);
+  save(base, a, 10, false);
+  const auto committed = slurp(base / "step-10" / "model.h5");
+  // A file-size limit makes writes fail with EFBIG, as a full disk makes them fail with ENOSPC, at a point that
+  // moves with the limit: creating a file, inside HDF5's data writes, its flush, metadata.json.
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGXFSZ, &ignore, &old);
+  rlimit saved{};
+  ::getrlimit(RLIMIT_FSIZE, &saved);
+  int failures = 0;
+  for (rlim_t limit : {rlim_t{0}, rlim_t{100}, rlim_t{1000}, rlim_t{3000}, rlim_t{6000}, rlim_t{9000}, rlim_t{12000},
+                       rlim_t{20000}}) {
+    rlimit r = saved;
+    r.rlim_cur = limit;
+    ::setrlimit(RLIMIT_FSIZE, &r);
+    bool failed = false;
+    try {
+      save(base, model(2), 20, false);
+    } catch (const ck::error& e) {
+      failed = true;
+      CHECK(std::string(e.what()).find(base.string()) != std::string::npos);
+    }
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    failures += failed;
+    // Whatever happened, nothing hidden is left, step-10 is untouched, and a step-20 exists only when complete.
+    for (const auto& e : fs::directory_iterator(base)) CHECK(e.path().filename().string()[0] != '.');
+    CHECK(slurp(base / "step-10" / "model.h5") == committed);
+    CHECK_NOTHROW(ck::verify_files(ck::read_metadata(base / "step-10").value()));
+    CHECK(fs::exists(base / "step-20") == !failed);
+    if (!failed) CHECK_NOTHROW(ck::verify_files(ck::read_metadata(base / "step-20").value()));
+    fs::remove_all(base / "step-20");
+  }
+  ::sigaction(SIGXFSZ, &old, nullptr);
+  CHECK(failures >= 6);
+  // After all those failures, writing still works.
+  CHECK_NOTHROW(save(base, model(2), 20, false));
+  fs::remove_all(base);
+}
+
+TEST_CASE("checkpointer: a second checkpointer on the same base path is refused, naming the holder") {
+  ck::policy p;
+  p.base_path = temp_dir("lock");
+  {
+    ck::checkpointer first(p);
+    CHECK_THROWS_WITH_AS(ck::checkpointer{p},
+                         doctest::Contains(("is in use by another process (pid " + std::to_string(::getpid()) + " on").c_str()),
+                         ck::error);
+  }
+  CHECK_NOTHROW(ck::checkpointer{p});  // released with its holder
+  fs::remove_all(p.base_path);
 }

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <functional>
 #include <set>
 #include <string>
@@ -123,9 +124,9 @@ TEST_CASE("decode scalars: bool, integers, doubles, strings") {
   CHECK(dec<double>("1e-3") == doctest::Approx(1e-3));
   CHECK(dec<double>("6E-4") == doctest::Approx(6e-4));
   CHECK(dec<double>("3") == 3.0);
-  CHECK(std::isinf(dec<double>(".inf")));
-  CHECK(dec<double>("-.inf") < 0);
-  CHECK(std::isnan(dec<double>(".nan")));
+  // infinity and NaN are refused: no config number means them, and they would slip past range checks
+  for (const char* nonfinite : {".inf", "-.inf", ".nan", "inf", "+.inf"})
+    CHECK_THROWS_WITH_AS(dec<double>(nonfinite), doctest::Contains("expected a finite number"), config_error);
   CHECK(dec<std::string>("hello") == "hello");
   CHECK(dec<std::string>("'10'") == "10");
   CHECK(contains(error_of([] { dec<int>("ten"); }), "x (<yaml>:1): expected an integer, got 'ten'"));
@@ -609,4 +610,302 @@ TEST_CASE("validate: unsupported features are refused with what to use instead")
   v = validate_yaml(kGood, {"--data.tokenizer", "/models/tokenizer.json", "--data.shuffle", "true",
                             "--data.permutation_type", "feistel", "--trainer.tensor_parallel_axes", "[heads, mlp]"});
   CHECK_MESSAGE(v.ok(), joined(v.errors));
+}
+
+// ---- robustness: limits on what a config may make the reader do ---------------------------------------------------
+namespace {
+/// The error of parsing a command line (config files and overrides), or "<no error>".
+std::string parse_error(const std::vector<std::string>& args) {
+  return error_of([&] { (void)parse(args); });
+}
+/// The errors of parsing and validating a command line, as one string.
+std::string problems(const std::vector<std::string>& args) {
+  std::string out;
+  try {
+    auto r = parse(args);
+    out = joined(levanter::validate_train_lm(r.config, r.sources).errors);
+  } catch (const config_error& e) {
+    out = e.what();
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("yaml limits: an alias that refers to itself is refused (not a stack overflow)") {
+  temp_dir d("alias_cycle");
+  for (const std::string text : {"a: &x [*x]\n", "a: &x {b: *x}\n", "data: &x\n  tags: [*x]\n",
+                                 "a: &x [1, [2, {b: [*x]}]]\n"}) {
+    std::string f = d.write("c.yaml", text);
+    std::string e = parse_error({f});
+    CHECK_MESSAGE(contains(e, "an alias (*name) refers to a map or list that contains it"), text << " -> " << e);
+    CHECK_MESSAGE(contains(e, f), e);
+  }
+  // the same through a command-line value
+  std::string e = parse_error({"--data.tags", "&x [*x]"});
+  CHECK_MESSAGE(contains(e, "command line (--data.tags)"), e);
+  CHECK(contains(e, "refers to a map or list that contains it"));
+  // an alias used twice side by side is fine (no cycle)
+  std::string f = d.write("ok.yaml", "data:\n  tags: &t [a, b]\n  train_urls: *t\n");
+  CHECK(parse_error({f}) == "<no error>");
+}
+
+TEST_CASE("yaml limits: billion laughs stops at the node budget, quickly") {
+  temp_dir d("laughs");
+  std::string text = "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (int i = 1; i < 10; ++i) {
+    text += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) text += (k ? ", *a" : "*a") + std::to_string(i - 1);
+    text += "]\n";
+  }
+  std::string f = d.write("laughs.yaml", text);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string e = parse_error({f});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK_MESSAGE(contains(e, f + ": the YAML expands to more than 200,000 nodes"), e);
+  CHECK(contains(e, "billion laughs"));
+  CHECK(secs < 20);
+  // long values repeated through aliases hit the byte budget
+  std::string big(4000, 'x');
+  text = "a0: &a0 [" + big + "]\na1: &a1 [";
+  for (int k = 0; k < 20000; ++k) text += k ? ", *a0" : "*a0";
+  text += "]\n";
+  f = d.write("wide.yaml", text);
+  e = parse_error({f});
+  CHECK_MESSAGE(contains(e, "the YAML expands to more than 64 MiB of values and key paths"), e);
+}
+
+TEST_CASE("yaml limits: nesting deeper than 64 levels is refused, in the file, across includes and in yaml-cpp") {
+  temp_dir d("deep");
+  // trainer.jax_config takes any YAML (it is ignored): depth 2 + n
+  auto nested = [](int n) {
+    return "trainer:\n  jax_config: " + std::string(std::size_t(n), '[') + std::string(std::size_t(n), ']') + "\n";
+  };
+  CHECK(parse_error({d.write("ok.yaml", nested(60))}) == "<no error>");
+  std::string f = d.write("deep.yaml", nested(80));
+  std::string e = parse_error({f});
+  CHECK_MESSAGE(contains(e, f + ":2: maps and lists nested more than 64 levels deep (the limit is 64"), e);
+  // 100,000 levels: yaml-cpp's own recursion guard fires; the message is ours
+  f = d.write("deeper.yaml", "a: " + std::string(100000, '[') + "\n");
+  e = parse_error({f});
+  CHECK_MESSAGE(contains(e, "nested more than 64 levels deep"), e);
+  f = d.write("dashes.yaml", [] {
+    std::string s;
+    for (int i = 0; i < 100000; ++i) s += "- ";
+    return s + "x\n";
+  }());
+  e = parse_error({f});
+  CHECK_MESSAGE(contains(e, "nested more than 64 levels deep"), e);
+  // 40 + 40 levels across an !include
+  d.write("inner.yaml", "b: " + std::string(40, '[') + std::string(40, ']') + "\n");
+  f = d.write("outer.yaml", "a: " + std::string(40, '[') + "!include inner.yaml" + std::string(40, ']') + "\n");
+  e = parse_error({f});
+  CHECK_MESSAGE(contains(e, "nested more than 64 levels deep counting across !include"), e);
+  // a command-line value counts its dotted key
+  e = parse_error({"--data.tags", std::string(70, '[') + std::string(70, ']')});
+  CHECK_MESSAGE(contains(e, "command line (--data.tags)"), e);
+}
+
+TEST_CASE("include: only regular files of at most 16 MiB; the including file is named") {
+  temp_dir d("include_files");
+  fs::create_directories(d.path / "adir");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/dev/zero", "is not a regular file"},
+      {"/dev/urandom", "is not a regular file"},
+      {"/dev/null", "is not a regular file"},
+      {"adir", "is a directory"},
+      {"''", "!include takes the path of a YAML file"},
+      {"", "!include takes the path of a YAML file"},
+      {"zero_link.yaml", "is not a regular file"},
+      {"huge.yaml", "bytes; the limit is 16 MiB per file"},
+  };
+  fs::create_symlink("/dev/zero", d.path / "zero_link.yaml");
+  {
+    std::ofstream(d.path / "huge.yaml") << "a: b\n";
+    fs::resize_file(d.path / "huge.yaml", (std::uintmax_t(16) << 20) + 1);  // sparse
+  }
+  for (const auto& [target, expected] : cases) {
+    std::string f = d.write("main.yaml", "trainer:\n  seed: 1\ndata: !include " + target + "\n");
+    std::string e = parse_error({f});
+    CHECK_MESSAGE(contains(e, expected), target << " -> " << e);
+    CHECK_MESSAGE(contains(e, f + ":3"), target << " -> " << e);  // the including file and line
+  }
+  // the main config file
+  CHECK(contains(parse_error({"--config_path", "/dev/zero"}), "config file '/dev/zero' is not a regular file"));
+  CHECK(contains(parse_error({"/dev/urandom"}), "is not a regular file"));
+  CHECK(contains(parse_error({"--config_path", d.path.string()}), "is a directory, not a YAML file"));
+  CHECK(contains(parse_error({"--config_path", (d.path / "zero_link.yaml").string()}), "is not a regular file"));
+  CHECK(contains(parse_error({"--config_path", (d.path / "huge.yaml").string()}),
+                 "is 16,777,217 bytes; the limit is 16 MiB per file"));
+  CHECK(contains(parse_error({"--config_path=", "--dry_run"}), "the config file path is empty"));
+  // a symlink to a regular file is fine
+  std::string real = d.write("real.yaml", "seed: 3\n");
+  fs::create_symlink(real, d.path / "link.yaml");
+  std::string f = d.write("main.yaml", "trainer: !include link.yaml\n");
+  CHECK(parse({f}).config.trainer.seed == 3);
+  // a chain of more than 16 includes
+  for (int i = 0; i < 20; ++i) d.write("c" + std::to_string(i) + ".yaml", "!include c" + std::to_string(i + 1) + ".yaml\n");
+  d.write("c20.yaml", "seed: 1\n");
+  CHECK(contains(parse_error({(d.path / "c0.yaml").string()}), "includes nested more than 16 files deep"));
+  // include files repeated through aliases add up: at most 64 MiB read in all
+  std::string big = d.write("big.yaml", "x: \"" + std::string(15 << 20, 'a') + "\"\n");
+  std::string text = "a: &x !include big.yaml\nb: [*x, *x, *x, *x, *x, *x]\n";
+  std::string e = parse_error({d.write("many.yaml", text)});
+  CHECK_MESSAGE((contains(e, "more than 64 MiB") || contains(e, "64 MiB")), e);
+}
+
+TEST_CASE("ranges: every numeric key is checked to a finite, meaningful range with the range in the message") {
+  struct bad {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<bad> cases = {
+      // floats: infinity and NaN are refused where they are read
+      {{"--optimizer.learning_rate", "inf"}, "optimizer.learning_rate (command line): expected a finite number, got .inf"},
+      {{"--optimizer.learning_rate", ".nan"}, "expected a finite number, got .nan"},
+      {{"--optimizer.weight_decay", "inf"}, "optimizer.weight_decay (command line): expected a finite number"},
+      {{"--optimizer.warmup", "inf"}, "optimizer.warmup (command line): expected a finite number"},
+      {{"--z_loss_weight", "inf"}, "z_loss_weight (command line): expected a finite number"},
+      {{"--optimizer.cycles", "-.inf"}, "optimizer.cycles (command line): expected a finite number"},
+      {{"--model", "{type: llama, hidden_dim: 32, num_heads: 4, num_kv_heads: 4, rope: {type: llama3, theta: .inf}}"},
+       "model.rope.theta (command line): expected a finite number"},
+      // and the ranges
+      {{"--optimizer.learning_rate", "1e300"}, "optimizer.learning_rate (command line): must be a finite number in [0.0, 100.0]"},
+      {{"--optimizer.weight_decay", "1000"}, "optimizer.weight_decay (command line): must be a finite number in [0.0, 100.0]"},
+      {{"--optimizer.warmup", "1e20"}, "optimizer.warmup (command line): must be a finite number in [0.0, 1099511627776.0]"},
+      {{"--optimizer.decay", "-1"}, "optimizer.decay"},
+      {{"--optimizer.rewarmup", "1e13"}, "optimizer.rewarmup"},
+      {{"--optimizer.epsilon", "2"}, "optimizer.epsilon (command line): must be a finite number in (0.0, 1.0]"},
+      {{"--optimizer.max_grad_norm", "1e30"}, "optimizer.max_grad_norm"},
+      {{"--optimizer.cycle_length", "0"}, "optimizer.cycle_length"},
+      {{"--optimizer.cycles", "[100, 50]"}, "optimizer.cycles[1] (command line): cycle boundaries must increase"},
+      {{"--optimizer.cycles", "[0]"}, "optimizer.cycles[0]"},
+      {{"--optimizer.lr_schedule", "{type: cosine, exponent: 0}"}, "optimizer.lr_schedule.exponent"},
+      {{"--optimizer.lr_schedule", "{type: inv_sqrt, timescale: 1e20}"}, "optimizer.lr_schedule.timescale"},
+      {{"--optimizer.lr_schedule", "{type: power, batch_size: 0, seq_length: 1}"}, "optimizer.lr_schedule.batch_size"},
+      {{"--optimizer.lr_schedule", "{type: power, batch_size: 1, seq_length: 1, b: 0.5}"}, "optimizer.lr_schedule.b"},
+      {{"--optimizer.skip_bad_steps", "{rolling_interval_length: 0}"}, "optimizer.skip_bad_steps.rolling_interval_length"},
+      {{"--optimizer.skip_bad_steps", "{sigma_factor: -1}"}, "optimizer.skip_bad_steps.sigma_factor"},
+      {{"--optimizer.clip_update_norm", "{sigma_factor: 0}"}, "optimizer.clip_update_norm.sigma_factor"},
+      {{"--optimizer.update_rms_clipping", "0"}, "optimizer.update_rms_clipping"},
+      // model sizes
+      {{"--model.num_layers", "2147483647"}, "model.num_layers (command line): must be an integer in [1, 4096] (got 2147483647)"},
+      {{"--model.hidden_dim", "1048576", "--model.num_heads", "4"}, "model.hidden_dim (command line): must be an integer in [1, 2^17 = 131072]"},
+      {{"--model.seq_len", "16777216"}, "model.seq_len (command line): must be an integer in [1, 2^20 = 1048576]"},
+      {{"--model.num_heads", "8192"}, "model.num_heads"},
+      {{"--model.mlp_scale", "1000000"}, "model.mlp_scale"},
+      {{"--model.layer_norm_epsilon", "2"}, "model.layer_norm_epsilon"},
+      {{"--model.initializer_range", "1e9"}, "model.initializer_range"},
+      {{"--model.cross_entropy_block_size", "0"}, "model.cross_entropy_block_size"},
+      {{"--model", "{type: llama, intermediate_dim: 2000000, hidden_dim: 32, num_heads: 4, num_kv_heads: 4}"}, "model.intermediate_dim"},
+      {{"--model", "{type: llama, hidden_dim: 32, num_heads: 4, num_kv_heads: 4, head_dim: 1000000}"}, "model.head_dim"},
+      {{"--model", "{type: llama, hidden_dim: 32, num_heads: 4, num_kv_heads: 4, sliding_window: 0}"}, "model.sliding_window"},
+      {{"--model", "{type: llama, hidden_dim: 32, num_heads: 4, num_kv_heads: 4, max_window_layers: 100000}"}, "model.max_window_layers"},
+      {{"--model", "{type: llama, hidden_dim: 32, num_heads: 4, num_kv_heads: 4, rope: {type: yarn, original_max_position_embeddings: 0}}"}, "model.rope.original_max_position_embeddings"},
+      // trainer
+      {{"--trainer.train_batch_size", "0x7fffffff"}, "trainer.train_batch_size (command line): must be an integer in [1, 2^20 = 1048576] (got 2147483647)"},
+      {{"--trainer.train_batch_size", "[{start: 0, value: 8}, {start: 10, value: 99999999}]"}, "trainer.train_batch_size[1].value"},
+      {{"--trainer.max_eval_batches", "0"}, "trainer.max_eval_batches (command line): must be an integer in [1, 2^40 = 1099511627776] (got 0); or null"},
+      {{"--trainer.num_train_steps", "9223372036854775807"}, "trainer.num_train_steps"},
+      {{"--trainer.num_train_steps", "1099511627776", "--trainer.train_batch_size", "2"}, "sequences (train_batch_size x num_train_steps); the limit is 2^40"},
+      {{"--trainer.steps_per_eval", "1e15"}, "trainer.steps_per_eval"},
+      {{"--trainer.per_device_parallelism", "2097152"}, "trainer.per_device_parallelism"},
+      {{"--trainer.per_device_eval_parallelism", "2097152"}, "trainer.per_device_eval_parallelism"},
+      {{"--trainer.profiler_start_step", "-1"}, "trainer.profiler_start_step"},
+      {{"--trainer.profiler_num_steps", "0"}, "trainer.profiler_num_steps"},
+      {{"--trainer.watch.interval", "1e15"}, "trainer.watch.interval"},
+      {{"--trainer.checkpointer.keep", "[{every: 10, until: 1e15}]"}, "trainer.checkpointer.keep[0].until"},
+      {{"--trainer.checkpointer.keep", "[{every: 1e15}]"}, "trainer.checkpointer.keep[0].every"},
+      {{"--trainer.checkpointer.save_interval", "1e300"}, "trainer.checkpointer.save_interval (command line): a duration must be at most 3650d"},
+      {{"--trainer.checkpointer.save_interval", "inf:0"}, "expected a finite duration"},
+      {{"--trainer.checkpointer.save_interval", "99999999999d"}, "at most 3650d"},
+      {{"--trainer.tracker", "{type: tensorboard, max_queue: 0}"}, "trainer.tracker.max_queue"},
+      {{"--trainer.tracker", "{type: tensorboard, flush_secs: -5}"}, "trainer.tracker.flush_secs"},
+      {{"--trainer.tracker", "{type: tensorboard, purge_step: -5}"}, "trainer.tracker.purge_step"},
+      // data
+      {{"--data.tokenizer", "passthrough", "--data.vocab_size", "0x7fffffff"}, "data.vocab_size (command line): must be an integer in [1, 2^22 = 4194304]"},
+      {{"--data.ignore_token_id", "4294967296"}, "data.ignore_token_id"},
+      {{"--data.shuffle", "0"}, "data.shuffle"},
+      {{"--data.cache_options", "{batch_size: 0}"}, "data.cache_options.batch_size"},
+      {{"--data.cache_options", "{num_threads: 100000}"}, "data.cache_options.num_threads"},
+      {{"--data.cache_options", "{num_shard_groups: 0}"}, "data.cache_options.num_shard_groups"},
+      {{"--data.cache_options", "{target_size_per_flush: 99999999999999999999GB}"}, "data.cache_options.target_size_per_flush"},
+  };
+  temp_dir d("ranges");
+  std::string f = d.write("v.yaml", kGood);
+  for (const auto& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.begin(), f);
+    std::string p = problems(args);
+    CHECK_MESSAGE(contains(p, c.expected), c.args[0] << " " << c.args[1] << " -> " << p);
+  }
+  // the extremes that are allowed
+  std::string p = problems({f, "--model.num_layers", "4096", "--trainer.train_batch_size", "0x10",
+                            "--optimizer.learning_rate", "100", "--trainer.max_eval_batches", "1",
+                            "--trainer.checkpointer.save_interval", "3650d", "--trainer.seed", "-9223372036854775808"});
+  CHECK_MESSAGE(p.empty(), p);
+  CHECK(parse({f, "--trainer.train_batch_size", "0x10"}).config.trainer.train_batch_size.at(0) == 16);
+}
+
+TEST_CASE("run ids and dataset names are safe path components") {
+  temp_dir d("run_ids");
+  std::string f = d.write("v.yaml", kGood);
+  for (const std::string bad : {"../escape", "/abs", "a/b", "..", ".hidden", "''", "a b", "x\\\\y", "\"\\u00e9\""}) {
+    std::string p = problems({f, "--trainer.id", bad});
+    CHECK_MESSAGE(contains(p, "trainer.id (command line): the run id '"), bad << " -> " << p);
+    CHECK_MESSAGE(contains(p, "must be 1 to 128 letters, digits, '-', '_' or '.', not starting with '.'"), p);
+  }
+  CHECK(contains(problems({f, "--trainer.id", std::string(129, 'a')}), "is 129 characters long"));
+  for (const std::string& good : std::vector<std::string>{"run-1", "abc123", "My_Run.v2", std::string(128, 'z')})
+    CHECK_MESSAGE(problems({f, "--trainer.id", good}).empty(), good);
+  for (const std::string bad : {"../x", "a/../b", "/abs", "a//b", "a/", ".cache", "a b"}) {
+    std::string p = problems({f, "--data.train_urls", "[]", "--data.configs", "{\"" + bad + "\": {train_urls: [a.jsonl]}}"});
+    CHECK_MESSAGE(contains(p, "data.configs." + bad + " (command line): the dataset name '" + bad + "' names cache"), p);
+  }
+  // upstream's nested names are fine
+  CHECK(!contains(problems({f, "--data.train_urls", "[]", "--data.configs", "{paloma/4chan: {train_urls: [a.jsonl]}}"}),
+                  "data.configs.paloma/4chan"));
+  CHECK(contains(problems({f, "--trainer.log_dir", "''"}), "trainer.log_dir"));
+  // control characters and invalid UTF-8 in strings cannot be written back into config.yaml
+  CHECK(contains(problems({f, "--trainer.log_dir", "\"a\\x01b\""}), "control character 1"));
+  CHECK(contains(problems({f, "--trainer.log_dir", "a\xff"}), "not valid UTF-8"));
+}
+
+TEST_CASE("round trip: the resolved config.yaml re-loads to the same config and the same text") {
+  temp_dir d("round_trip");
+  std::vector<std::vector<std::string>> runs;
+  for (const auto& e : fs::directory_iterator(LEVANTER_SOURCE_DIR "/config"))
+    if (e.path().extension() == ".yaml") runs.push_back({e.path().string()});
+  REQUIRE(runs.size() >= 5);
+  const std::string good = d.write("good.yaml", kGood);
+  runs.push_back({good, "--trainer.checkpointer.save_interval", "3650d"});
+  runs.push_back({good, "--trainer.checkpointer.save_interval", "1e-300"});
+  runs.push_back({good, "--trainer.checkpointer.save_interval", "61.1s"});
+  runs.push_back({good, "--trainer.checkpointer.save_interval", "1:30:00.25"});
+  runs.push_back({good, "--trainer.checkpointer.save_interval", "0.1"});
+  runs.push_back({good, "--trainer.checkpointer.save_interval", "1h0.000001s"});
+  runs.push_back({good, "--optimizer.learning_rate", "1e-300", "--optimizer.weight_decay", "99.99999999999999",
+                  "--optimizer.min_lr_ratio", "0.30000000000000004", "--z_loss_weight", "5e-324"});
+  runs.push_back({good, "--trainer.seed", "-9223372036854775808", "--trainer.train_batch_size", "0x100000",
+                  "--trainer.num_train_steps", "1048576", "--model.num_layers", "4096"});
+  runs.push_back({good, "--trainer.id", std::string(128, 'r'), "--data.tags",
+                  "[yes, 'no', 'null', '~', '0x10', '1e3', '.inf', '- a', '#x', 'a: b', \"'\", '\"', ' sp ', "
+                  "\"a\\nb\", \"tab\\tx\", 'h\u00e9llo \u2603', '', '[x]', '{y}', '&a', '*b', '!t', '%p', '@q', '`r']"});
+  runs.push_back({good, "--data.train_urls", "['{a,b}.jsonl', 'c?.jsonl']", "--trainer.tracker",
+                  "[{type: json_logger, logger_name: 'on'}, {type: tensorboard, logdir: 'off'}]"});
+  runs.push_back({good, "--data.configs", "{a: {train_urls: [x.jsonl]}, b: {train_urls: [y.jsonl]}}",
+                  "--data.train_weights", "{a: 0.5, b: 0.5}", "--data.train_urls", "[]"});
+  for (const auto& args : runs) {
+    std::string label;
+    for (const auto& a : args) label += a + " ";
+    auto first = parse(args);
+    std::string f = d.write("resolved.yaml", first.resolved_yaml);
+    std::string e = error_of([&] {
+      auto second = parse({f});
+      CHECK_MESSAGE(second.resolved_yaml == first.resolved_yaml, label);
+      auto v1 = levanter::validate_train_lm(first.config, first.sources);
+      auto v2 = levanter::validate_train_lm(second.config, second.sources);
+      CHECK_MESSAGE(v1.errors.size() == v2.errors.size(), label << joined(v2.errors));
+    });
+    CHECK_MESSAGE(e == "<no error>", label << " -> " << e << "\n" << first.resolved_yaml);
+  }
 }

@@ -184,7 +184,7 @@ TEST_CASE("eval_lm: a Hugging Face directory evaluates to the loss of its logits
   auto d = levanter::hf::open_dir(golden + "/hf_gpt2_tiny", "test");
   const auto c = levanter::hf::config_from_hf<G>(levanter::Gpt2Config{}, d);
   auto model = G::init(c, d.vocab_size, hax::random::make_key(0));
-  levanter::hf::load(d, model);
+  levanter::hf::load(d, model, c);
   REQUIRE(c.seq_len == 16);
   const std::int64_t L = 16, V = d.vocab_size, n = static_cast<std::int64_t>(stream.size()) / L;
   double nll = 0;

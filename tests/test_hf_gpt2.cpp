@@ -83,7 +83,7 @@ std::pair<LMHeadModel, Gpt2Config> import_dir(const std::string& dir) {
   Gpt2Config c = levanter::hf::config_from_hf<LMHeadModel>(Gpt2Config{}, d);
   c.gradient_checkpointing = false;
   auto m = LMHeadModel::init(c, d.vocab_size, hax::random::make_key(0));
-  levanter::hf::load(d, m);
+  levanter::hf::load(d, m, c);
   return {m, c};
 }
 
@@ -193,7 +193,7 @@ TEST_CASE("hf gpt2: a model without biases exports zero biases and imports back"
   CHECK(b == std::vector<float>(48, 0.0f));
   auto d = levanter::hf::open_dir(dir.string(), "test");
   auto m2 = LMHeadModel::init(c, 50, hax::random::make_key(9));
-  levanter::hf::load(d, m2);  // zero biases are accepted for a bias-free model
+  levanter::hf::load(d, m2, c);  // zero biases are accepted for a bias-free model
   CHECK(values(m2) == values(m));
   fs::remove_all(dir);
 }
@@ -237,5 +237,41 @@ TEST_CASE("hf gpt2: unusable checkpoints are refused with the reason") {
   c.num_layers = 2;
   CHECK_NOTHROW(levanter::hf::check_matches<LMHeadModel>(c, d, "initialize_from_hf"));
   CHECK_THROWS_WITH_AS(levanter::hf::dtype_from_config(std::string("int8")), doctest::Contains("unknown dtype 'int8'"), error);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("hf gpt2: a tensor of the right size but the wrong shape is refused, naming both shapes") {
+  const auto dir = fs::temp_directory_path() / ("levanter_hf_shape_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Gpt2Config c;
+  c.seq_len = 8;
+  c.hidden_dim = 16;
+  c.num_layers = 1;
+  c.num_heads = 2;
+  const auto m = LMHeadModel::init(c, 50, hax::random::make_key(4));
+  levanter::hf::save(m, c, 50, dir.string(), {});
+  levanter::safetensors::hf_dir st(dir.string());
+  // Each case rewrites one tensor with the same elements under another shape: transposed, flattened, an extra
+  // dimension.
+  const std::vector<std::pair<std::string, std::vector<std::int64_t>>> cases = {
+      {"wte.weight", {16, 50}}, {"wte.weight", {800}}, {"h.0.attn.c_attn.weight", {48, 16}},
+      {"h.0.mlp.c_fc.weight", {1, 16, 64}}, {"ln_f.weight", {16, 1}}};
+  for (const auto& [bad, shape] : cases) {
+    std::vector<levanter::safetensors::tensor_to_write> ts;
+    for (const auto& name : st.names()) {
+      const auto v = st.read_f32(name);
+      ts.push_back({name, levanter::safetensors::dtype::F32, name == bad ? shape : st.shape(name),
+                    levanter::safetensors::encode_floats(v, levanter::safetensors::dtype::F32)});
+    }
+    const auto bad_dir = dir / "bad";
+    levanter::safetensors::write_hf_dir(bad_dir.string(), ts, std::uint64_t{1} << 40);
+    fs::copy_file(dir / "config.json", bad_dir / "config.json", fs::copy_options::overwrite_existing);
+    auto d = levanter::hf::open_dir(bad_dir.string(), "test");
+    auto m2 = LMHeadModel::init(c, 50, hax::random::make_key(9));
+    std::string want = "tensor '" + bad + "' has shape [";
+    for (std::size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
+    CHECK_THROWS_WITH_AS(levanter::hf::load(d, m2, c), doctest::Contains((want + "], the model expects [").c_str()),
+                         levanter::hf::error);
+  }
   fs::remove_all(dir);
 }

@@ -56,7 +56,7 @@ imported import_case(const std::string& name) {
   r.cfg = levanter::hf::config_from_hf<LMHeadModel>(base_for(d.model_type), d);
   r.vocab = d.vocab_size;
   r.model = LMHeadModel::init(r.cfg, r.vocab, hax::random::make_key(0));
-  levanter::hf::load(d, r.model);
+  levanter::hf::load(d, r.model, r.cfg);
   return r;
 }
 
@@ -207,7 +207,7 @@ TEST_CASE("llama family: Hugging Face export then import is bitwise, config.json
     auto cfg2 = levanter::hf::config_from_hf<LMHeadModel>(base_for(d.model_type), d);
     CHECK_NOTHROW(levanter::hf::check_matches<LMHeadModel>(cfg, d, "export"));
     auto back = LMHeadModel::init(cfg2, vocab, hax::random::make_key(1));
-    levanter::hf::load(d, back);
+    levanter::hf::load(d, back, cfg2);
     const auto a = by_hf_name(model), b = by_hf_name(back);
     REQUIRE(a.size() == b.size());
     for (const auto& [k, v] : a) {

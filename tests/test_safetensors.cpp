@@ -1,7 +1,7 @@
 // Tests for levanter/compat/safetensors.hpp: round trips of every dtype and shape, the F16/BF16 encoders against
 // known bit patterns, every class of malformed header (each rejected naming the file and the problem), Hugging
 // Face model directories in both layouts, and a replay of tests/golden/safetensors-bad/ (handcrafted bad files and
-// the fuzzer's crashers, see scripts/fuzz-safetensors.sh).
+// the fuzzer's crashers, see scripts/fuzz.sh).
 #include <doctest/doctest.h>
 #include <unistd.h>
 

@@ -20,10 +20,15 @@ common=(--trainer.num_train_steps 40 --trainer.steps_per_eval 1000 --trainer.id 
 run() {  # run NAME: the output directories of a run are under NAME/
   "$train_lm" "${common[@]}" --trainer.log_dir "$1/logs" --trainer.checkpointer.base_path "$1/ckpt"
 }
+# The same in the background: exec, so that $! is train_lm itself and the SIGKILL reaches it (killing a subshell
+# would leave train_lm running, and the restart would be refused as a second writer of the run).
+run_in_background() {
+  exec "$train_lm" "${common[@]}" --trainer.log_dir "$1/logs" --trainer.checkpointer.base_path "$1/ckpt"
+}
 
 run whole > whole.out 2>&1 || { cat whole.out; fail "the uninterrupted run failed"; }
 
-run split > split1.out 2>&1 &
+run_in_background split > split1.out 2>&1 &
 pid=$!
 for _ in $(seq 1 1200); do
   [ -f split/ckpt/kr/step-10/metadata.json ] && break

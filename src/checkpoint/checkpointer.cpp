@@ -6,10 +6,14 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <levanter/checkpoint/checkpointer.hpp>
+#include <levanter/io/json_limits.hpp>
+#include <regex>
 #include <tuple>
+#include <zlib.h>
 
 namespace levanter::checkpoint {
 
@@ -31,6 +35,8 @@ void write_text_synced(const fs::path& p, const std::string& text) {
     out << text;
     out.flush();
     if (!out) throw error("writing '" + p.string() + "' failed (disk full?)");
+    out.close();
+    if (!out) throw error("writing '" + p.string() + "' failed (disk full?)");
   }
   fsync_path(p);
 }
@@ -48,21 +54,75 @@ std::string iso_timestamp(std::chrono::system_clock::time_point t) {
 }
 
 }  // namespace
+
+std::string crc32_text(std::uint32_t crc) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "crc32:%08x", crc);
+  return buf;
+}
+
+std::uint32_t crc32_of(std::string_view bytes) {
+  uLong crc = ::crc32_z(0L, Z_NULL, 0);
+  return static_cast<std::uint32_t>(
+      ::crc32_z(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<z_size_t>(bytes.size())));
+}
+
+std::uint32_t crc32_of_file(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw error("cannot open '" + p.string() + "' to check its contents (" + std::strerror(errno) + ")");
+  std::vector<unsigned char> buf(std::size_t{4} << 20);
+  uLong crc = ::crc32_z(0L, Z_NULL, 0);
+  while (true) {
+    const auto n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw error("cannot read '" + p.string() + "' (" + std::strerror(err) + ")");
+    }
+    if (n == 0) break;
+    crc = ::crc32_z(crc, buf.data(), static_cast<z_size_t>(n));
+  }
+  ::close(fd);
+  return static_cast<std::uint32_t>(crc);
+}
+
 }  // namespace detail
 
 std::optional<checkpoint_info> read_metadata(const fs::path& dir) {
   const fs::path meta = dir / "metadata.json";
   std::error_code ec;
   if (!fs::is_regular_file(meta, ec)) return std::nullopt;
-  std::ifstream in(meta);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    // metadata.json is a few hundred bytes; a large or deeply nested one is not ours.
+    const auto size = fs::file_size(meta, ec);
+    if (ec || size > (std::uintmax_t{1} << 24)) throw error("larger than 16 MiB or unreadable");
+    std::ifstream in(meta, std::ios::binary);
+    std::string text(static_cast<std::size_t>(size), '\0');
+    if (!in.read(text.data(), static_cast<std::streamsize>(size))) throw error("cannot read it");
+    if (io::json_depth(text, 16) > 16) throw error("nested deeper than 16 levels");
+    j = nlohmann::json::parse(text);
     checkpoint_info info;
     info.path = dir;
-    info.step = j.at("step").get<std::int64_t>();
+    if (!j.is_object()) throw error("not a JSON object");
+    const auto step = j.contains("step") ? io::json_int(j["step"]) : std::nullopt;
+    if (!step || *step < 0) throw error("'step' is not a non-negative integer");
+    info.step = *step;
     info.timestamp = j.value("timestamp", std::string());
     info.is_temporary = j.value("is_temporary", false);
+    // The file lists are checked here, so that later code can trust their types.
+    for (const char* key : {"files", "checksums"}) {
+      if (!j.contains(key)) continue;
+      if (!j[key].is_object()) throw error(std::string("'") + key + "' is not an object");
+      for (const auto& [name, v] : j[key].items()) {
+        if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+            name == "metadata.json")
+          throw error(std::string("'") + key + "' names an invalid file '" + name + "'");
+        if (std::string_view(key) == "files" ? !io::json_int(v) || v.get<std::int64_t>() < 0 : !v.is_string())
+          throw error(std::string("'") + key + "." + name + "' has the wrong type");
+      }
+    }
     info.metadata = j;
     return info;
   } catch (const std::exception& e) {
@@ -70,9 +130,10 @@ std::optional<checkpoint_info> read_metadata(const fs::path& dir) {
   }
 }
 
-void verify_files(const checkpoint_info& info) {
-  if (!info.metadata.contains("files")) return;
-  for (const auto& [name, size] : info.metadata["files"].items()) {
+void verify_files(const checkpoint_info& info, bool check_contents) {
+  const auto& m = info.metadata;
+  if (!m.contains("files")) return;
+  for (const auto& [name, size] : m["files"].items()) {
     const fs::path p = info.path / name;
     std::error_code ec;
     const auto actual = fs::file_size(p, ec);
@@ -80,6 +141,18 @@ void verify_files(const checkpoint_info& info) {
     if (actual != size.get<std::uint64_t>())
       throw error("checkpoint '" + info.path.string() + "' is torn: '" + name + "' has " + std::to_string(actual) +
                   " bytes, metadata.json says " + std::to_string(size.get<std::uint64_t>()));
+  }
+  if (!check_contents || !m.contains("checksums")) return;  // checkpoints of format_version 1 have no checksums
+  for (const auto& [name, size] : m["files"].items()) {
+    if (!m["checksums"].contains(name))
+      throw error("checkpoint '" + info.path.string() + "' is damaged: metadata.json has no checksum for '" + name +
+                  "'");
+    const auto want = m["checksums"][name].get<std::string>();
+    const auto got = detail::crc32_text(detail::crc32_of_file(info.path / name));
+    if (got != want)
+      throw error("checkpoint '" + info.path.string() + "' is damaged: the contents of '" + name +
+                  "' do not match their checksum in metadata.json (" + got + ", recorded " + want +
+                  "); the file changed after it was written (disk or copy error)");
   }
 }
 
@@ -99,8 +172,13 @@ discovery discover(const fs::path& path) {
     if (!entry.is_directory(ec)) continue;
     const auto name = entry.path().filename().string();
     if (name.empty() || name[0] == '.') continue;
+    const auto before = out.checkpoints.size() + out.problems.size();
     consider(entry.path());
+    static const std::regex step_dir("step-[0-9]+");
+    if (out.checkpoints.size() + out.problems.size() == before && std::regex_match(name, step_dir))
+      out.incomplete.push_back(entry.path().string());
   }
+  std::sort(out.incomplete.begin(), out.incomplete.end());
   std::sort(out.checkpoints.begin(), out.checkpoints.end(),
             [](const auto& a, const auto& b) { return std::tie(a.timestamp, a.step) > std::tie(b.timestamp, b.step); });
   return out;
@@ -125,22 +203,36 @@ std::uint64_t write_checkpoint(const fs::path& dir, const std::vector<named_file
   meta["timestamp"] = detail::iso_timestamp(when);
   meta["is_temporary"] = is_temporary;
   meta["format"] = "levanter-cpp-checkpoint";
-  meta["format_version"] = 1;
-  nlohmann::json sizes = nlohmann::json::object();
+  meta["format_version"] = 2;
+  nlohmann::json sizes = nlohmann::json::object(), sums = nlohmann::json::object();
   std::uint64_t total = 0;
-  for (const auto& f : files) {
-    const fs::path p = tmp / f.name;
-    if (f.text)
-      detail::write_text_synced(p, *f.text);
-    else
-      f.data.write(p.string());
-    const auto size = fs::file_size(p);
-    sizes[f.name] = size;
-    total += size;
+  try {
+    for (const auto& f : files) {
+      const fs::path p = tmp / f.name;
+      std::uint32_t crc = 0;
+      if (f.text) {
+        detail::write_text_synced(p, *f.text);
+        crc = detail::crc32_of(*f.text);
+      } else {
+        f.data.write(p.string());
+        // Read back after the fsync: the checksum is of the bytes the file system holds.
+        crc = detail::crc32_of_file(p);
+      }
+      const auto size = fs::file_size(p, ec);
+      if (ec) throw error("cannot read the size of '" + p.string() + "': " + ec.message());
+      sizes[f.name] = size;
+      sums[f.name] = detail::crc32_text(crc);
+      total += size;
+    }
+    meta["files"] = sizes;
+    meta["checksums"] = sums;
+    detail::write_text_synced(tmp / "metadata.json", meta.dump(2) + "\n");
+    detail::fsync_path(tmp);
+  } catch (...) {
+    // Nothing of a failed write stays behind: a full disk gets its space back, and no committed checkpoint changed.
+    fs::remove_all(tmp, ec);
+    throw;
   }
-  meta["files"] = sizes;
-  detail::write_text_synced(tmp / "metadata.json", meta.dump(2) + "\n");
-  detail::fsync_path(tmp);
 
   // An older directory of the same name (a rerun over an existing step) is moved aside, then removed.
   const fs::path old = parent / ("." + name + ".old-" + tag);
@@ -176,6 +268,11 @@ checkpointer::checkpointer(policy p, clock_fn now, log_fn log)
       throw error("trainer.checkpointer.keep: policies must be sorted by increasing 'until'");
   }
   last_save_time_ = now_();
+  try {
+    lock_ = io::dir_lock(p_.base_path);
+  } catch (const std::exception& e) {
+    throw error(std::string("checkpoint directory ") + e.what());
+  }
   remove_abandoned_writes();
   const auto found = discover(p_.base_path);
   if (!found.checkpoints.empty() && p_.delete_old_temp_checkpoints && found.checkpoints.front().is_temporary) {

@@ -30,12 +30,23 @@ byte_buffer::byte_buffer(std::size_t n) : size_(n) {
   ptr_.reset(static_cast<unsigned char*>(p));
 }
 
+// HDF5 keeps a file whose write failed (a full disk) open, and its exit handler then crashes trying to flush it
+// again; every file of ours is closed by its owner, so the exit handler has nothing to do and is not registered.
+// Must run before the library initialises, i.e. before main.
+const bool hdf5_without_exit_handler = [] {
+  H5dont_atexit();
+  return true;
+}();
+
+// Errors become exceptions with our messages; HDF5's own error stack print is off. The setting is per thread in a
+// thread-safe HDF5, and checkpoints are written from a background thread, so every thread sets it once.
 void quiet_hdf5() {
-  static const bool done = [] {
+  thread_local const bool done = [] {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     return true;
   }();
   (void)done;
+  (void)hdf5_without_exit_handler;
 }
 
 hid_t file_type(kind k) {

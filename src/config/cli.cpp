@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <levanter/config/cli.hpp>
+#include <levanter/config/limits.hpp>
 
 namespace levanter::config::detail {
 
@@ -72,12 +73,6 @@ void mark_all(const YAML::Node& n, const std::string& path, const std::string& o
 
 /// `--a.b.c VALUE` as the tree {a: {b: {c: VALUE}}} (VALUE parsed as YAML; unparsable text stays a string).
 YAML::Node override_tree(const std::string& dotted, const std::string& value, source_map& over_sources) {
-  YAML::Node v;
-  try {
-    v.reset(YAML::Load(value));
-  } catch (const YAML::Exception&) {
-    v.reset(YAML::Node(value));
-  }
   std::vector<std::string> parts;
   std::size_t start = 0;
   while (true) {
@@ -88,6 +83,33 @@ YAML::Node override_tree(const std::string& dotted, const std::string& value, so
   }
   for (const auto& p : parts)
     if (p.empty()) throw config_error("command line: malformed option '--" + dotted + "' (empty key)");
+  if (parts.size() > std::size_t(max_yaml_depth))
+    throw config_error("command line: option '--" + dotted.substr(0, 80) + "...' has more than " +
+                       std::to_string(max_yaml_depth) + " dotted parts (the nesting limit)");
+  const std::string what = "command line (--" + dotted + ")";
+  YAML::Node v;
+  try {
+    v.reset(load_yaml_value(value, what));
+  } catch (const YAML::Exception&) {
+    v.reset(YAML::Node(value));  // not YAML: the text itself
+  }
+  // The value sits parts.size() levels down; together they must stay within the nesting limit.
+  std::vector<YAML::Node> stack{v};
+  for (int depth = int(parts.size()); !stack.empty() && depth <= max_yaml_depth + 1; ++depth) {
+    std::vector<YAML::Node> next;
+    for (const auto& n : stack) {
+      if (!n.IsMap() && !n.IsSequence()) continue;
+      if (depth >= max_yaml_depth)
+        throw config_error(what + ": maps and lists nested more than " + std::to_string(max_yaml_depth) +
+                           " levels deep, counting the dotted key (the limit is " + std::to_string(max_yaml_depth) +
+                           ")");
+      if (n.IsMap())
+        for (auto it = n.begin(); it != n.end(); ++it) next.push_back(it->second);
+      else
+        for (const auto& c : n) next.push_back(c);
+    }
+    stack = std::move(next);
+  }
   mark_all(v, dotted, "command line", over_sources);
   std::string prefix;
   for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
@@ -104,9 +126,16 @@ YAML::Node override_tree(const std::string& dotted, const std::string& value, so
 }
 
 std::string find_config_file(const std::string& p) {
-  for (const std::string& c : {p, p + ".yaml", p + ".yml"})
-    if (std::filesystem::is_regular_file(c)) return c;
+  namespace fs = std::filesystem;
   std::error_code ec;
+  if (p.empty()) throw config_error("command line: the config file path is empty; give the path of a YAML file");
+  for (const std::string& c : {p, p + ".yaml", p + ".yml"})
+    if (fs::is_regular_file(c, ec)) return c;
+  if (fs::is_directory(p, ec))
+    throw config_error("config file '" + p + "' is a directory, not a YAML file; give the path of a YAML file");
+  if (fs::exists(p, ec))
+    throw config_error("config file '" + p + "' is not a regular file (a device, pipe or socket); give the path "
+                       "of a YAML file");
   throw config_error("config file '" + p + "' not found (working directory: " +
                      std::filesystem::current_path(ec).string() + "; relative paths are taken from there)");
 }

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <yaml-cpp/depthguard.h>
+
+#include <levanter/config/limits.hpp>
 #include <levanter/config/yaml.hpp>
 #include <limits>
 #include <sstream>
@@ -227,7 +230,8 @@ YAML::Node string_node(const std::string& s) {
 
 YAML::Node plain_node(const std::string& s) { return YAML::Node(s); }
 
-std::string format_duration(double secs) {
+namespace {
+std::string human_duration(double secs) {
   // As upstream encode_timedelta: days, hours, minutes, then seconds ("1d2h", "15m", "90.5s" -> "1m30.5s").
   if (secs == 0) return "0s";
   std::string out;
@@ -246,6 +250,75 @@ std::string format_duration(double secs) {
     }
   }
   return out;
+}
+}  // namespace
+
+std::string format_duration(double secs) {
+  // The human form when it reads back as exactly `secs`; otherwise the number of seconds, which always does.
+  // Out-of-range values (refused when read) are written as numbers too, never through an int64 conversion.
+  if (!std::isfinite(secs) || secs < 0 || secs > max_duration_seconds) return format_double(secs);
+  std::string h = human_duration(secs);
+  if (auto back = parse_duration(h); back && back->seconds == secs) return h;
+  return format_double(secs);
+}
+
+std::string number_problem(double v) {
+  if (std::isfinite(v)) return {};
+  return "expected a finite number, got " + format_double(v) + " (infinity and NaN are not accepted here)";
+}
+
+std::string duration_problem(double seconds) {
+  if (std::isnan(seconds) || std::isinf(seconds))
+    return "expected a finite duration, got " + format_double(seconds);
+  if (seconds < 0) return "a duration cannot be negative (got " + format_double(seconds) + " seconds)";
+  if (seconds > max_duration_seconds)
+    return "a duration must be at most 3650d (10 years; got " + format_double(seconds) +
+           " seconds); use a shorter one";
+  return {};
+}
+
+std::string string_problem(const std::string& s) {
+  // Control characters (other than tab and newline) and invalid UTF-8 cannot be written back into config.yaml
+  // faithfully; no key needs them.
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\t' && c != '\n') || c == 0x7f)
+        return "the text contains the control character " + std::to_string(int(c)) +
+               " (at byte " + std::to_string(i) + "); remove it";
+      ++i;
+      continue;
+    }
+    const std::size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    bool ok = len != 0 && i + len <= s.size();
+    uint32_t cp = ok ? (len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07) : 0;
+    for (std::size_t k = 1; ok && k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) ok = false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    if (ok && ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff))))
+      ok = false;
+    if (!ok) return "the text is not valid UTF-8 (at byte " + std::to_string(i) + "); save the file as UTF-8";
+    i += len;
+  }
+  return {};
+}
+
+std::string opaque_text(const YAML::Node& node) {
+  YAML::Emitter e;
+  e << YAML::Flow;
+  emit(e, node);
+  return e.c_str();
+}
+
+YAML::Node load_opaque(const std::string& text) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception&) {
+    return string_node(text);  // not reached for text written by opaque_text
+  }
 }
 
 void emit(YAML::Emitter& e, const YAML::Node& n) {
@@ -292,81 +365,176 @@ std::string to_flow_string(const YAML::Node& n) {
 namespace detail {
 namespace {
 
-void record_positions(const YAML::Node& n, const std::string& path, const std::string& file, source_map& sources) {
-  if (n.IsMap()) {
-    for (auto it = n.begin(); it != n.end(); ++it) {
-      std::string p = join_key(path, it->first.Scalar());
-      sources[p] = file + ":" + std::to_string(it->first.Mark().line + 1);
-      record_positions(it->second, p, file, sources);
-    }
-  } else if (n.IsSequence()) {
-    for (std::size_t i = 0; i < n.size(); ++i) {
-      std::string p = join_index(path, i);
-      sources[p] = file + ":" + std::to_string(n[i].Mark().line + 1);
-      record_positions(n[i], p, file, sources);
-    }
-  }
+std::string with_commas(std::size_t n) {
+  std::string s = std::to_string(n);
+  for (int i = int(s.size()) - 3; i > 0; i -= 3) s.insert(std::size_t(i), ",");
+  return s;
 }
 
-YAML::Node parse_yaml_text(const std::string& text, const std::string& name) {
+std::string mib(std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+/// What one load (a file with its includes, or one text) has used of the limits of config/limits.hpp.
+struct load_state {
+  std::vector<std::string> chain;  // canonical paths of the files being included, outermost first
+  std::size_t nodes = 0;           // nodes visited, aliases and includes expanded
+  std::size_t expanded_bytes = 0;  // scalar text and key paths, aliases and includes expanded
+  std::size_t file_bytes = 0;      // bytes read from files
+  include_policy policy = include_policy::relative_to_cwd;
+};
+
+std::string line_of(const std::string& name, const YAML::Node& n) {
+  return n.Mark().line >= 0 ? name + ":" + std::to_string(n.Mark().line + 1) : name;
+}
+
+/// Walks a freshly parsed tree (shared nodes, i.e. aliases, visited as often as they are referred to) and refuses
+/// cycles, nesting deeper than max_yaml_depth, complex keys, and trees that expand beyond the node and byte budgets
+/// of `st`. Recursion depth is bounded by max_yaml_depth.
+void check_tree(const YAML::Node& n, const std::string& name, int depth, std::size_t path_bytes,
+                std::vector<YAML::Node>& ancestors, load_state& st) {
+  if (++st.nodes > max_yaml_nodes)
+    throw config_error(name + ": the YAML expands to more than " + with_commas(max_yaml_nodes) +
+                       " nodes (aliases and !include expanded; the limit is " + with_commas(max_yaml_nodes) +
+                       "); a config is never this large: look for anchors (&x) used many times, aliases of aliases "
+                       "(\"billion laughs\") or an !include repeated many times");
+  std::size_t bytes = path_bytes + (n.IsScalar() ? n.Scalar().size() : 0);
+  st.expanded_bytes += bytes;
+  if (st.expanded_bytes > max_yaml_expanded_bytes)
+    throw config_error(name + ": the YAML expands to more than " + mib(max_yaml_expanded_bytes) +
+                       " of values and key paths (aliases and !include expanded; the limit is " +
+                       mib(max_yaml_expanded_bytes) + "); look for anchors (&x) of long values used many times");
+  if (!n.IsMap() && !n.IsSequence()) return;
+  for (const auto& a : ancestors)
+    if (a.is(n))
+      throw config_error(line_of(name, n) + ": an alias (*name) refers to a map or list that contains it (starting at " +
+                         line_of(name, a) + "); such a cycle has no finite value: replace the alias by the values");
+  if (depth >= max_yaml_depth)
+    throw config_error(line_of(name, n) + ": maps and lists nested more than " + std::to_string(max_yaml_depth) +
+                       " levels deep (the limit is " + std::to_string(max_yaml_depth) +
+                       ", counting across !include); flatten the config");
+  ancestors.push_back(n);
+  if (n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const YAML::Node k = it->first;  // a copy: it-> returns a temporary proxy
+      if (k.IsMap() || k.IsSequence())
+        throw config_error(line_of(name, k) + ": a map key must be a plain name, not a " +
+                           (k.IsMap() ? "map" : "list") + " (`? [a, b]: ...` keys are not config keys)");
+      if (k.IsScalar() && k.Scalar().size() > max_yaml_key_bytes)
+        throw config_error(line_of(name, k) + ": a map key is " + with_commas(k.Scalar().size()) +
+                           " characters long (the limit is " + with_commas(max_yaml_key_bytes) + ")");
+      const std::size_t key_bytes = k.IsScalar() ? k.Scalar().size() : 0;
+      const YAML::Node value = it->second;
+      check_tree(value, name, depth + 1, path_bytes + key_bytes + 1, ancestors, st);
+    }
+  } else {
+    for (std::size_t i = 0; i < n.size(); ++i)
+      check_tree(n[i], name, depth + 1, path_bytes + std::to_string(i).size() + 2, ancestors, st);
+  }
+  ancestors.pop_back();
+}
+
+YAML::Node parse_yaml_text(const std::string& text, const std::string& name, load_state& st) {
+  YAML::Node root;
   try {
-    return YAML::Load(text);
+    root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& ex) {
+    throw config_error(name + ":" + std::to_string(ex.mark.line + 1) + ": maps and lists nested more than " +
+                       std::to_string(max_yaml_depth) + " levels deep (the limit is " +
+                       std::to_string(max_yaml_depth) + "); flatten the config");
   } catch (const YAML::Exception& ex) {
     throw config_error(name + ":" + std::to_string(ex.mark.line + 1) + ":" + std::to_string(ex.mark.column + 1) +
                        ": YAML syntax error: " + ex.msg);
   }
+  std::vector<YAML::Node> ancestors;
+  check_tree(root, name, 0, 0, ancestors, st);
+  return root;
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-YAML::Node resolve_includes(const YAML::Node& n, const std::string& file, const std::string& path,
-                            std::vector<std::string>& chain, source_map& sources);
-
-YAML::Node load_included(const std::string& file, const std::string& path, std::vector<std::string>& chain,
-                         source_map& sources) {
+/// The text of a config file: it must be a regular file (after following symlinks) of at most max_yaml_file_bytes,
+/// and the load may read at most max_yaml_total_bytes in all. `what` names the file in messages
+/// ("config file 'x.yaml'", "included file 'y.yaml' (from x.yaml:3)").
+std::string read_config_file(const std::string& path, const std::string& what, load_state& st,
+                             const std::string& not_found_hint = "") {
   namespace fs = std::filesystem;
-  std::string canon = fs::weakly_canonical(fs::path(file)).string();
-  if (std::find(chain.begin(), chain.end(), canon) != chain.end()) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) throw config_error(what + " not found" + not_found_hint);
+  if (fs::is_directory(status)) throw config_error(what + " is a directory, not a YAML file");
+  if (!fs::is_regular_file(status))
+    throw config_error(what + " is not a regular file (a device, pipe or socket); give the path of a YAML file");
+  const auto size = fs::file_size(path, ec);
+  const std::string limit = "; the limit is " + mib(max_yaml_file_bytes) + " per file";
+  if (!ec && size > max_yaml_file_bytes)
+    throw config_error(what + " is " + with_commas(std::size_t(size)) + " bytes" + limit);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw config_error(what + " cannot be opened for reading");
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf), in.gcount() > 0) {  // the file may grow after the size check
+    text.append(buf, std::size_t(in.gcount()));
+    if (text.size() > max_yaml_file_bytes) throw config_error(what + " is larger than " + mib(max_yaml_file_bytes) + limit);
+  }
+  if (in.bad()) throw config_error(what + " could not be read");
+  st.file_bytes += text.size();
+  if (st.file_bytes > max_yaml_total_bytes)
+    throw config_error(what + ": the config and its includes add up to more than " + mib(max_yaml_total_bytes) +
+                       " (the limit); look for an !include repeated many times");
+  return text;
+}
+
+YAML::Node resolve_includes(const YAML::Node& n, const std::string& file, const std::string& path, int depth,
+                            load_state& st, source_map& sources);
+
+YAML::Node load_included(const std::string& file, const std::string& what, const std::string& path, int depth,
+                         load_state& st, source_map& sources, const std::string& not_found_hint = "") {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string canon = fs::weakly_canonical(fs::path(file), ec).string();
+  if (ec) canon = fs::path(file).lexically_normal().string();
+  if (std::find(st.chain.begin(), st.chain.end(), canon) != st.chain.end()) {
     std::string msg = "!include cycle: ";
     bool on = false;
-    for (const auto& c : chain) {
+    for (const auto& c : st.chain) {
       if (c == canon) on = true;
       if (on) msg += c + " -> ";
     }
     throw config_error(msg + canon);
   }
-  chain.push_back(canon);
-  YAML::Node raw = parse_yaml_text(read_text_file(file), file);
-  YAML::Node out = resolve_includes(raw, file, path, chain, sources);
-  chain.pop_back();
+  if (int(st.chain.size()) >= max_include_depth + 1)
+    throw config_error(what + ": includes nested more than " + std::to_string(max_include_depth) +
+                       " files deep (the limit is " + std::to_string(max_include_depth) + ")");
+  std::string text = read_config_file(file, what, st, not_found_hint);
+  st.chain.push_back(canon);
+  YAML::Node raw = parse_yaml_text(text, file, st);
+  YAML::Node out = resolve_includes(raw, file, path, depth, st, sources);
+  st.chain.pop_back();
   return out;
 }
 
-YAML::Node resolve_includes(const YAML::Node& n, const std::string& file, const std::string& path,
-                            std::vector<std::string>& chain, source_map& sources) {
+YAML::Node resolve_includes(const YAML::Node& n, const std::string& file, const std::string& path, int depth,
+                            load_state& st, source_map& sources) {
   namespace fs = std::filesystem;
+  if (depth >= max_yaml_depth && (n.IsMap() || n.IsSequence()))
+    throw config_error(line_of(file, n) + ": maps and lists nested more than " + std::to_string(max_yaml_depth) +
+                       " levels deep counting across !include (the limit is " + std::to_string(max_yaml_depth) +
+                       "); flatten the config");
   if (n.Tag() == "!include") {
-    std::string line = file + ":" + std::to_string(n.Mark().line + 1);
-    if (!n.IsScalar())
-      throw config_error((path.empty() ? "<root>" : path) + " (" + line + "): !include takes a file path");
+    const std::string where = (path.empty() ? "<root>" : path) + " (" + line_of(file, n) + ")";
+    if (st.policy == include_policy::refuse)
+      throw config_error(where + ": !include is not allowed here (this text may not read other files)");
+    if (!n.IsScalar() || n.Scalar().empty())
+      throw config_error(where + ": !include takes the path of a YAML file (relative to the including file)");
     fs::path target = fs::path(file).parent_path() / n.Scalar();
     std::string target_s = target.lexically_normal().string();
-    if (!fs::exists(target))
-      throw config_error((path.empty() ? "<root>" : path) + " (" + line + "): included file '" + n.Scalar() +
-                         "' not found (looked for " + target_s + ", relative to the including file)");
-    return load_included(target_s, path, chain, sources);
+    const std::string what = where + ": included file '" + n.Scalar() + "'";
+    return load_included(target_s, what, path, depth, st, sources,
+                         " (looked for " + target_s + ", relative to the including file)");
   }
   if (n.IsMap()) {
     YAML::Node m(YAML::NodeType::Map);
     for (auto it = n.begin(); it != n.end(); ++it) {
       std::string p = join_key(path, it->first.Scalar());
-      sources[p] = file + ":" + std::to_string(it->first.Mark().line + 1);
-      m[it->first.Scalar()] = resolve_includes(it->second, file, p, chain, sources);
+      sources[p] = line_of(file, it->first);
+      m[it->first.Scalar()] = resolve_includes(it->second, file, p, depth + 1, st, sources);
     }
     return m;
   }
@@ -374,27 +542,50 @@ YAML::Node resolve_includes(const YAML::Node& n, const std::string& file, const 
     YAML::Node s(YAML::NodeType::Sequence);
     for (std::size_t i = 0; i < n.size(); ++i) {
       std::string p = join_index(path, i);
-      sources[p] = file + ":" + std::to_string(n[i].Mark().line + 1);
-      s.push_back(resolve_includes(n[i], file, p, chain, sources));
+      sources[p] = line_of(file, n[i]);
+      s.push_back(resolve_includes(n[i], file, p, depth + 1, st, sources));
     }
     return s;
   }
-  return n;
+  // A fresh node, not `n`: assigning a node of the parsed tree into the new one would merge the parsed tree's whole
+  // node memory into it, for every map and list built (quadratic for aliases expanded many times).
+  if (n.IsScalar()) {
+    YAML::Node c(n.Scalar());
+    c.SetTag(n.Tag());
+    return c;
+  }
+  return YAML::Node(YAML::NodeType::Null);
 }
 
 }  // namespace
 }  // namespace detail
 
 YAML::Node load_yaml_file(const std::string& file, source_map& sources, const std::string& prefix) {
-  if (!std::filesystem::exists(file)) throw config_error("config file '" + file + "' not found");
-  std::vector<std::string> chain;
-  return detail::load_included(file, prefix, chain, sources);
+  detail::load_state st;
+  return detail::load_included(file, "config file '" + file + "'", prefix, 0, st, sources);
 }
 
 YAML::Node load_yaml_string(const std::string& text, const std::string& name, source_map& sources) {
-  std::vector<std::string> chain;
-  YAML::Node raw = detail::parse_yaml_text(text, name);
-  return detail::resolve_includes(raw, name, "", chain, sources);
+  return load_yaml_text(text, name, sources, include_policy::relative_to_cwd);
+}
+
+YAML::Node load_yaml_text(const std::string& text, const std::string& name, source_map& sources,
+                          include_policy policy) {
+  detail::load_state st;
+  st.policy = policy;
+  if (text.size() > max_yaml_file_bytes)
+    throw config_error(name + ": the config text is " + detail::with_commas(text.size()) + " bytes; the limit is " +
+                       detail::mib(max_yaml_file_bytes));
+  YAML::Node raw = detail::parse_yaml_text(text, name, st);
+  return detail::resolve_includes(raw, name, "", 0, st, sources);
+}
+
+YAML::Node load_yaml_value(const std::string& text, const std::string& what) {
+  detail::load_state st;
+  YAML::Node v = YAML::Load(text);  // YAML::Exception (DeepRecursion included) goes to the caller
+  std::vector<YAML::Node> ancestors;
+  detail::check_tree(v, what, 0, 0, ancestors, st);
+  return v;
 }
 
 std::string decode_context::where(const std::string& path, const YAML::Node& node) const {

@@ -17,6 +17,7 @@
 #include <levanter/data/cache.hpp>
 #include <levanter/data/detail/tokenizer.hpp>
 #include <levanter/io/atomic_file.hpp>
+#include <levanter/io/json_limits.hpp>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -155,6 +156,17 @@ void commit_json(const std::string& path, const nlohmann::json& j, bool sync) {
   }
 }
 
+// The first token of `ids` outside [0, vocab) (any negative one when vocab <= 0), or -1.
+std::int64_t first_bad_id(const std::int32_t* ids, std::int64_t n, std::int64_t vocab) {
+  const auto hi = static_cast<std::uint32_t>(vocab > 0 && vocab <= INT32_MAX ? vocab : std::int64_t{INT32_MAX} + 1);
+  std::uint32_t bad = 0;  // branch-free scan; the rare hit is located afterwards
+  for (std::int64_t i = 0; i < n; ++i) bad |= static_cast<std::uint32_t>(static_cast<std::uint32_t>(ids[i]) >= hi);
+  if (!bad) return -1;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (static_cast<std::uint32_t>(ids[i]) >= hi) return i;
+  return -1;
+}
+
 std::string short_json(const nlohmann::json* j) { return j ? j->dump() : std::string("(absent)"); }
 
 }  // namespace
@@ -194,9 +206,15 @@ struct token_cache::state {
     const std::string ledger_path = dir_ + "/shard_ledger.json";
     bool have_ledger = std::filesystem::exists(ledger_path);
     if (have_ledger) {
-      std::ifstream in(ledger_path);
       try {
-        ledger_ = nlohmann::json::parse(in);
+        std::ifstream in(ledger_path, std::ios::binary);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (!in && !in.eof()) throw std::runtime_error("cannot read it");
+        if (io::json_depth(text, 64) > 64) throw std::runtime_error("nested deeper than 64 levels");
+        ledger_ = nlohmann::json::parse(text);
+        validate_ledger();
+      } catch (const data_error&) {
+        throw;
       } catch (const std::exception& e) {
         throw data_error("cache ledger '" + ledger_path + "' is unreadable (" + e.what() + "); delete '" + dir_ +
                          "' to rebuild the cache");
@@ -211,8 +229,112 @@ struct token_cache::state {
                        "' and no data files to build it from (give train_urls/validation_urls)");
     }
 
-    const bool done = have_ledger && ledger_.value("is_finished", false);
-    open_files(done, have_ledger, metadata);
+    if (metadata.contains("vocab_size") && metadata["vocab_size"].is_number_integer())
+      vocab_ = metadata["vocab_size"].get<std::int64_t>();
+    // A ledger of the wrong shape (hand-edited, damaged) fails with the fix, not with a JSON type error.
+    try {
+      const bool done = have_ledger && ledger_.value("is_finished", false);
+      open_files(done, have_ledger, metadata);
+    } catch (const nlohmann::json::exception& e) {
+      throw data_error("cache ledger '" + ledger_path + "' is damaged (" + e.what() + "); delete '" + dir_ +
+                       "' to rebuild the cache");
+    }
+  }
+
+  /// The ledger's fields have the types and relations the build writes; anything else is a damaged ledger (a
+  /// hand edit, a bad copy) and refused before any field is used: a count it got wrong would make a resumed build
+  /// skip or repeat documents.
+  void validate_ledger() const {
+    const std::string where = "cache ledger '" + dir_ + "/shard_ledger.json' is damaged: ";
+    auto bad = [&](const std::string& what) {
+      return data_error(where + what + "; delete '" + dir_ + "' to rebuild the cache");
+    };
+    if (!ledger_.is_object()) throw bad("it is not a JSON object");
+    auto count = [&](const nlohmann::json& obj, const std::string& key, bool required) -> std::int64_t {
+      if (!obj.contains(key)) {
+        if (required) throw bad("'" + key + "' is missing");
+        return 0;
+      }
+      const auto v = io::json_int(obj[key]);
+      if (!v || *v < 0) throw bad("'" + key + "' is not a count (" + obj[key].dump() + ")");
+      return *v;
+    };
+    auto strings = [&](const std::string& key) {
+      std::vector<std::string> out;
+      if (!ledger_.contains(key)) return out;
+      if (!ledger_[key].is_array()) throw bad("'" + key + "' is not a list");
+      for (const auto& v : ledger_[key]) {
+        if (!v.is_string()) throw bad("'" + key + "' holds a " + std::string(v.type_name()));
+        out.push_back(v.get<std::string>());
+      }
+      return out;
+    };
+    const std::int64_t rows = count(ledger_, "total_num_rows", true);
+    if (!ledger_.contains("field_counts") || !ledger_["field_counts"].is_object()) throw bad("'field_counts' is missing");
+    count(ledger_["field_counts"], "input_ids", true);
+    for (const char* k : {"text_bytes", "input_bytes", "skipped_documents"}) count(ledger_, k, false);
+    for (const char* k : {"min_token_id", "max_token_id"})
+      if (ledger_.contains(k) && !io::json_int(ledger_[k])) throw bad(std::string("'") + k + "' is not an integer");
+    if (ledger_.contains("is_finished") && !ledger_["is_finished"].is_boolean()) throw bad("'is_finished' is not a boolean");
+    if (ledger_.contains("metadata") &&
+        (!ledger_["metadata"].is_object() ||
+         (ledger_["metadata"].contains("preprocessor_metadata") &&
+          !ledger_["metadata"]["preprocessor_metadata"].is_object())))
+      throw bad("'metadata' is not an object of objects");
+    const auto shards = strings("shards"), finished = strings("finished_shards");
+    // Chunks commit in file order: the finished shards are the first ones, in order; rows come only from them and
+    // the one after them; a finished cache has finished every shard.
+    if (finished.size() > shards.size() || !std::equal(finished.begin(), finished.end(), shards.begin()))
+      throw bad("'finished_shards' is not a prefix of 'shards'");
+    if (ledger_.value("is_finished", false) && finished.size() != shards.size())
+      throw bad("it is finished but not every shard is");
+    std::int64_t sum = 0, skipped = 0;
+    for (const char* k : {"shard_rows", "shard_skipped"}) {
+      if (!ledger_.contains(k)) continue;
+      if (!ledger_[k].is_object()) throw bad(std::string("'") + k + "' is not an object");
+      for (const auto& [name, v] : ledger_[k].items()) {
+        const auto pos = std::find(shards.begin(), shards.end(), name) - shards.begin();
+        if (pos == static_cast<std::ptrdiff_t>(shards.size())) throw bad(std::string("'") + k + "' names an unknown shard '" + name + "'");
+        const auto n = count(ledger_[k], name, true);
+        if (n > 0 && static_cast<std::size_t>(pos) > finished.size())
+          throw bad("shard '" + name + "' has rows before the shards ahead of it are finished");
+        (std::string_view(k) == "shard_rows" ? sum : skipped) += n;
+      }
+    }
+    if (ledger_.contains("shard_skipped") && skipped != count(ledger_, "skipped_documents", false))
+      throw bad("'shard_skipped' add up to " + std::to_string(skipped) + ", 'skipped_documents' says " +
+                std::to_string(count(ledger_, "skipped_documents", false)));
+    if (ledger_.contains("shard_rows") && sum != rows)
+      throw bad("'shard_rows' add up to " + std::to_string(sum) + ", 'total_num_rows' says " + std::to_string(rows));
+  }
+
+  /// Throws data_error when one of `n` tokens read from position `at` is outside the vocabulary.
+  void check_ids(const std::int32_t* ids, std::int64_t n, std::int64_t at) const {
+    const auto i = detail::first_bad_id(ids, n, vocab_);
+    if (i < 0) return;
+    throw data_error("token cache '" + dir_ + "' is corrupt: token " + std::to_string(at + i) + " is id " +
+                     std::to_string(ids[i]) + ", outside the vocabulary [0, " +
+                     (vocab_ > 0 ? std::to_string(vocab_) : std::string("2^31")) +
+                     ") of its tokenizer; delete '" + dir_ + "' to rebuild it");
+  }
+
+  /// Opening an existing cache: the id range its ledger records, and the tokens of a few spread-out windows.
+  void check_committed_ids(std::int64_t toks) const {
+    if (ledger_.contains("min_token_id") && ledger_.contains("max_token_id")) {
+      const auto lo = ledger_["min_token_id"].get<std::int64_t>(), hi = ledger_["max_token_id"].get<std::int64_t>();
+      if (lo < 0 || (vocab_ > 0 && hi >= vocab_))
+        throw data_error("token cache '" + dir_ + "' holds ids from " + std::to_string(lo) + " to " +
+                         std::to_string(hi) + " per its ledger, outside the vocabulary [0, " +
+                         std::to_string(vocab_) + ") of its tokenizer; delete '" + dir_ + "' to rebuild it");
+    }
+    constexpr std::int64_t window = 1 << 14;
+    std::vector<std::int32_t> buf(window);
+    for (const std::int64_t start : {std::int64_t{0}, toks / 2, toks - window}) {
+      const std::int64_t a = std::clamp<std::int64_t>(start, 0, toks), n = std::min(window, toks - a);
+      if (n <= 0) continue;
+      detail::read_all(data_fd_, buf.data(), static_cast<std::size_t>(n) * 4, a * 4, data_path());
+      check_ids(buf.data(), n, a);
+    }
   }
 
   void close_files() {
@@ -252,6 +374,9 @@ struct token_cache::state {
     }
     const std::int64_t rows = ledger_.value("total_num_rows", std::int64_t{0});
     const std::int64_t toks = ledger_["field_counts"].value("input_ids", std::int64_t{0});
+    if (rows < 0 || toks < 0 || rows > (INT64_MAX >> 4) || toks > (INT64_MAX >> 4))
+      throw data_error("cache ledger of '" + dir_ + "' is damaged: it counts " + std::to_string(rows) + " rows and " +
+                       std::to_string(toks) + " tokens; delete '" + dir_ + "' to rebuild the cache");
     if (detail::file_size(offsets_fd_) < rows * 8 || detail::file_size(data_fd_) < toks * 4)
       throw data_error("cache '" + dir_ +
                        "' is damaged: its files are shorter than its ledger says; delete it to rebuild");
@@ -261,6 +386,7 @@ struct token_cache::state {
       if (last != toks)
         throw data_error("cache '" + dir_ + "' is damaged: offsets and ledger disagree; delete it to rebuild");
     }
+    check_committed_ids(toks);
     text_bytes_ = ledger_.value("text_bytes", std::int64_t{0});
     skipped_ = ledger_.value("skipped_documents", std::int64_t{0});
     input_bytes_ = ledger_.value("input_bytes", std::int64_t{0});
@@ -480,6 +606,12 @@ struct token_cache::state {
       const std::int64_t rows = committed_docs(), toks = committed_tokens();
       const auto n = static_cast<std::int64_t>(c->ends.size());
       const auto ntok = static_cast<std::int64_t>(c->tokens.size());
+      if (ntok > 0) {
+        check_ids(c->tokens.data(), ntok, toks);  // an encode function's bug must not become a corrupt cache
+        const auto [lo, hi] = std::minmax_element(c->tokens.begin(), c->tokens.end());
+        ledger_["min_token_id"] = std::min<std::int64_t>(*lo, ledger_.value("min_token_id", std::int64_t{*lo}));
+        ledger_["max_token_id"] = std::max<std::int64_t>(*hi, ledger_.value("max_token_id", std::int64_t{*hi}));
+      }
       if (n > 0) {
         detail::write_all(data_fd_, c->tokens.data(), c->tokens.size() * 4, toks * 4, data_path());
         if (opts_.fsync) ::fdatasync(data_fd_);
@@ -531,6 +663,7 @@ struct token_cache::state {
   encode_fn encode_;
   cache_options opts_;
   nlohmann::json ledger_;  // owned by the committer thread once the build runs
+  std::int64_t vocab_ = 0;  // the tokenizer's vocabulary size from the metadata; 0 when unknown
   int data_fd_ = -1, offsets_fd_ = -1, lock_fd_ = -1;
   std::vector<bool> resume_done_;
   std::vector<std::int64_t> resume_skip_;
@@ -593,6 +726,7 @@ void token_cache::read_tokens(std::int64_t start, std::int64_t count, std::int32
                             std::to_string(start + count) + ") is beyond the " + std::to_string(have) +
                             " committed tokens of '" + s_->dir_ + "'");
   detail::read_all(s_->data_fd_, out, static_cast<std::size_t>(count) * 4, start * 4, s_->data_path());
+  s_->check_ids(out, count, start);
 }
 
 std::pair<std::int64_t, std::int64_t> token_cache::row_range(std::int64_t row) const {

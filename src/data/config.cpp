@@ -1,13 +1,18 @@
 // data/config.hpp: checks of the `data:` section.
 #include <levanter/data/config.hpp>
 
+#include <climits>
+#include <cstdint>
 #include <filesystem>
 
 #include <levanter/config/validate.hpp>
 
 namespace levanter {
 
+using config::check_int;
+using config::check_path_component;
 using config::check_remote;
+namespace bounds = config::bounds;
 using config::detail::join_index;
 using config::url_scheme;
 
@@ -23,6 +28,34 @@ void validate(config::validator& v, const LmDataConfig& d) {
   check_remote(v, "data.cache_dir", d.cache_dir, "cache directory");
 
   // Mixtures: configs + train_weights (checked in full when the data is built: names, weights, stages).
+  // Mixture dataset names become cache subdirectories (<cache_dir>/<name>); upstream names such as paloma/4chan
+  // nest, so a name is '/'-separated parts, each a safe directory name (no '..', no absolute paths).
+  if (d.configs.set) {
+    YAML::Node c = config::detail::load_opaque(d.configs.yaml);
+    if (c.IsMap())
+      for (auto it = c.begin(); it != c.end(); ++it) {
+        const std::string name = it->first.Scalar();
+        const std::string key = "data.configs." + name;
+        std::size_t start = 0;
+        while (true) {
+          const auto slash = name.find('/', start);
+          const std::string part = name.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+          config::validator one{v.sources, {}};
+          if (!check_path_component(one, key, part, "dataset name part")) {
+            v.error(key, "the dataset name '" + name + "' names cache subdirectories, so it must be '/'-separated parts "
+                         "of 1 to 128 letters, digits, '-', '_' or '.', none starting with '.' (e.g. paloma/4chan)");
+            break;
+          }
+          if (slash == std::string::npos) break;
+          start = slash + 1;
+        }
+      }
+  }
+  if (d.cache_dir.empty()) v.error("data.cache_dir", "is empty; give a directory (default cache/)");
+  if (d.vocab_size) check_int(v, "data.vocab_size", *d.vocab_size, 1, bounds::max_vocab);
+  check_int(v, "data.ignore_token_id", d.ignore_token_id, INT32_MIN, INT32_MAX, "token ids are 32-bit");
+  if (d.shuffle_buffer_size) check_int(v, "data.shuffle_buffer_size", *d.shuffle_buffer_size, 1, bounds::max_examples);
+  check_int(v, "data.cache_options.num_shard_groups", d.cache_options.num_shard_groups, 1, 1 << 20);
   if (d.train_weights.set && !d.configs.set)
     v.error("data.train_weights", "mixture weights need data.configs (a map of dataset name -> sources)");
   if (d.configs.set && (!d.train_urls.empty() || !d.validation_urls.empty()))
@@ -45,11 +78,11 @@ void validate(config::validator& v, const LmDataConfig& d) {
     v.error("data.bad_documents", "unknown policy '" + d.bad_documents + "': use stop or skip");
   if (d.cache_options.target_size_bytes() <= 0)
     v.error("data.cache_options.target_size_per_flush", "'" + d.cache_options.target_size_per_flush +
-                                                            "' is not a size (e.g. 512MB)");
-  if (d.cache_options.batch_size <= 0) v.error("data.cache_options.batch_size", "must be positive");
-  if (d.cache_options.num_threads < 0) v.error("data.cache_options.num_threads", "must be >= 0 (0: one per core)");
+                                                            "' is not a size from 1 byte to 1 PiB (e.g. 512MB)");
+  check_int(v, "data.cache_options.batch_size", d.cache_options.batch_size, 1, 1 << 20, "documents per commit");
+  check_int(v, "data.cache_options.num_threads", d.cache_options.num_threads, 0, 1024, "0: one per core");
   if (d.format.set) {
-    YAML::Node f = YAML::Load(d.format.yaml);
+    YAML::Node f = config::detail::load_opaque(d.format.yaml);
     std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
     bool ok = type == "text";
     if (ok && f.IsMap())
@@ -63,7 +96,7 @@ void validate(config::validator& v, const LmDataConfig& d) {
   const bool local_json = t.size() > 5 && t.substr(t.size() - 5) == ".json";
   const bool local_dir = std::filesystem::is_directory(t) && std::filesystem::exists(std::filesystem::path(t) / "tokenizer.json");
   if (t == "passthrough") {
-    if (!d.vocab_size || *d.vocab_size <= 0)
+    if (!d.vocab_size)
       v.error("data.vocab_size", "the passthrough tokenizer needs a positive vocab_size; set data.vocab_size");
   } else if (t != "byte" && !local_json && !local_dir) {
     check_remote(v, "data.tokenizer", t, "tokenizer.json path");
@@ -74,9 +107,9 @@ void validate(config::validator& v, const LmDataConfig& d) {
   }
   if (d.permutation_type && *d.permutation_type != "linear" && *d.permutation_type != "feistel")
     v.error("data.permutation_type", "unknown permutation_type '" + *d.permutation_type + "'; use linear or feistel");
-  if (auto* era = std::get_if<int64_t>(&d.shuffle); era && *era <= 0)
-    v.error("data.shuffle", "an era length must be positive (got " + std::to_string(*era) +
-                                "); use true for a full shuffle or false for none");
+  if (auto* era = std::get_if<int64_t>(&d.shuffle))
+    check_int(v, "data.shuffle", *era, 1, bounds::max_examples,
+              "an era length in sequences; use true for a full shuffle or false for none");
   if (d.shuffle_buffer_size) v.note("data.shuffle_buffer_size", "ignored (shuffling is by permutation)");
   if (d.chat_template) v.note("data.chat_template", "ignored (chat formats are not supported yet)");
   if (!d.id && d.name) v.note("data.name", "ignored (it names a Hugging Face dataset configuration)");

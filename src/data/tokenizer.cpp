@@ -12,6 +12,7 @@
 #include <levanter/data/detail/tokenizer.hpp>
 #include <levanter/data/tokenizer.hpp>
 #include <levanter/data/unicode_tables.hpp>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -366,6 +367,36 @@ std::size_t match_pattern(pattern_kind p, const char* s, std::size_t n, std::siz
 
 // ---- pipeline steps ---------------------------------------------------------------------------------------------
 
+/// How much a normalizer or decoder may grow a text: to 64 times its length plus 1 MiB (a Replace whose content
+/// holds its pattern, chained, would otherwise grow it exponentially).
+std::size_t growth_cap(std::size_t n) { return 64 * n + (std::size_t{1} << 20); }
+
+/// `tokenizers`' Replace with a String pattern, written to `out`: one left-to-right pass over the non-overlapping
+/// matches (the content is never searched again). An empty pattern matches at every character boundary, as the
+/// library's regex does: "ab" becomes "XaXbX", "" stays "". False (and `out` partial) once `out` would pass `cap`.
+bool replace_all(std::string_view s, std::string_view pat, std::string_view content, std::string& out,
+                 std::size_t cap) {
+  out.clear();
+  auto put = [&](std::string_view x) {
+    if (out.size() + x.size() > cap) return false;
+    out.append(x);
+    return true;
+  };
+  if (pat.empty()) {
+    if (s.empty()) return true;
+    std::size_t len = 0;
+    for (std::size_t i = 0; i < s.size(); i += len) {
+      next_cp(s.data(), s.size(), i, len);
+      if (!put(content) || !put(s.substr(i, len))) return false;
+    }
+    return put(content);
+  }
+  std::size_t pos = 0;
+  for (std::size_t f; (f = s.find(pat, pos)) != std::string_view::npos; pos = f + pat.size())
+    if (!put(s.substr(pos, f - pos)) || !put(content)) return false;
+  return put(s.substr(pos));
+}
+
 struct normalizer_step {
   enum kind_t { prepend, replace } kind;
   std::string a, b;  // prepend: a; replace: a -> b
@@ -577,20 +608,28 @@ struct impl {
 
   // ---- encoding ----
 
-  std::string normalize(std::string_view s) const {
-    std::string out(s);
-    for (const auto& st : normalizers) {
+  [[noreturn]] void too_long(const char* what, std::size_t step, std::string_view from) const {
+    throw data_error("tokenizer '" + name + "': the " + what + " (step " + std::to_string(step) + ") grows a text of " +
+                     std::to_string(from.size()) + " bytes past 64 times its length + 1 MiB, this port's limit (a " +
+                     "Replace whose content holds its pattern, repeated): fix the tokenizer.json's " + what);
+  }
+
+  /// The normalizers applied to `s`. `budget`: bytes the normalized texts of one call may still take; the result
+  /// takes its share, and a step that would pass it throws (no text can make memory grow without bound).
+  std::string normalize(std::string_view s, std::size_t& budget) const {
+    std::string out(s), r;
+    for (std::size_t k = 0; k < normalizers.size(); ++k) {
+      const auto& st = normalizers[k];
       if (st.kind == normalizer_step::prepend) {
-        if (!out.empty()) out.insert(0, st.a);
-      } else if (!st.a.empty()) {
-        std::string r;
-        std::size_t pos = 0;
-        for (std::size_t f; (f = out.find(st.a, pos)) != std::string::npos; pos = f + st.a.size())
-          r.append(out, pos, f - pos).append(st.b);
-        r.append(out, pos, std::string::npos);
+        if (out.empty()) continue;
+        if (out.size() + st.a.size() > budget) too_long("normalizer", k, s);
+        out.insert(0, st.a);
+      } else {
+        if (!replace_all(out, st.a, st.b, r, budget)) too_long("normalizer", k, s);
         out.swap(r);
       }
     }
+    budget -= std::min(budget, out.size());
     return out;
   }
 
@@ -602,6 +641,7 @@ struct impl {
       return;
     }
     std::size_t start_offset = 0, i = 0;
+    std::size_t space_from = 1, space_to = 0;  // [space_from, space_to): white space up to a non-space or the end
     while (i < s.size()) {
       if (!trie.first[static_cast<unsigned char>(s[i])]) {
         ++i;
@@ -633,7 +673,7 @@ struct impl {
       }
       if (tok.lstrip) {
         std::size_t p = start;
-        while (p > 0) {
+        while (p > start_offset) {  // spaces before start_offset are taken: stopping there keeps this linear
           std::size_t q = p - 1, len = 0;
           while (q > 0 && (static_cast<unsigned char>(s[q]) & 0xC0) == 0x80) --q;
           if (class_at(s.data(), s.size(), q, len) != cls_space) break;
@@ -642,11 +682,19 @@ struct impl {
         start = std::max(p, start_offset);
       }
       if (tok.rstrip) {
-        std::size_t len = 0;
-        while (stop < s.size() && class_at(s.data(), s.size(), stop, len) == cls_space) stop += len;
+        if (stop >= space_from && stop <= space_to) {
+          stop = space_to;  // inside the run of spaces scanned last time (tokens that match spaces, rstripped)
+        } else {
+          std::size_t len = 0;
+          space_from = stop;
+          while (stop < s.size() && class_at(s.data(), s.size(), stop, len) == cls_space) stop += len;
+          space_to = stop;
+        }
       }
       if (start_offset < start) f(s.substr(start_offset, start - start_offset), -1, start_offset);
-      f(s.substr(start, stop - start), tok.id, start);
+      // a token whose stripped spaces an earlier one took is dropped, as the library drops empty pieces (it panics
+      // where lstrip moves the start past the end)
+      if (start < stop) f(s.substr(start, stop - start), tok.id, start);
       start_offset = stop;
     }
     if (start_offset < s.size()) f(s.substr(start_offset), -1, start_offset);
@@ -910,6 +958,7 @@ struct impl {
     out.reserve(text.size() / 3 + 4);
     if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
     auto& cache = cache_in ? *cache_in : thread_cache(instance);
+    std::size_t budget = growth_cap(text.size());
     auto model = [&](std::string_view piece) { tokenize_piece(piece, out, cache); };
     split_added(text, raw_trie, [&](std::string_view piece, std::int32_t id, std::size_t offset) {
       if (id >= 0) {
@@ -920,7 +969,7 @@ struct impl {
         pretokenize(0, piece, offset == 0, model);
         return;
       }
-      const std::string normed = normalize(piece);
+      const std::string normed = normalize(piece, budget);
       split_added(normed, norm_trie, [&](std::string_view p2, std::int32_t id2, std::size_t off2) {
         if (id2 >= 0)
           out.push_back(id2);
@@ -935,7 +984,11 @@ struct impl {
   // ---- decoding ----
 
   std::vector<std::string> run_decoders(std::vector<std::string> toks, bool single) const {
-    for (const auto& d : decoders) {
+    std::size_t in_size = 0;
+    for (const auto& t : toks) in_size += t.size();
+    const std::size_t cap = growth_cap(in_size);
+    for (std::size_t k = 0; k < decoders.size(); ++k) {
+      const auto& d = decoders[k];
       switch (d.kind) {
         case decoder_step::byte_level: {
           static const auto inv = [] {
@@ -976,17 +1029,16 @@ struct impl {
             toks[i] = r;
           }
           break;
-        case decoder_step::replace:
+        case decoder_step::replace: {
+          std::size_t total = 0;
+          std::string r;
           for (auto& t : toks) {
-            if (d.a.empty()) continue;
-            std::string r;
-            std::size_t pos = 0;
-            for (std::size_t f; (f = t.find(d.a, pos)) != std::string::npos; pos = f + d.a.size())
-              r.append(t, pos, f - pos).append(d.b);
-            r.append(t, pos, std::string::npos);
+            if (!replace_all(t, d.a, d.b, r, cap - total)) too_long("decoder", k, t);
+            total += r.size();
             t.swap(r);
           }
           break;
+        }
         case decoder_step::byte_fallback: {
           std::vector<std::string> res;
           std::string pend;
@@ -1081,8 +1133,82 @@ struct impl {
 // ---- loading tokenizer.json -------------------------------------------------------------------------------------
 
 struct loader {
+  // Limits on hostile files: the loader recurses over Sequence components and the encoder over pre-tokenizer
+  // steps, and nlohmann::json copies and prints recursively, so nesting and length are bounded (real files nest a
+  // few levels and have a handful of steps).
+  static constexpr int max_depth = 64;                   // Sequences inside Sequences
+  static constexpr std::size_t max_steps = 1024;         // components of one pipeline (normalizer, pre_tokenizer, ...)
+  static constexpr std::size_t max_json_depth = 512;     // arrays and objects inside one another
+  static constexpr std::int64_t id_max = 0x7FFFFFFF;     // ids are std::int32_t
+  static constexpr std::int64_t max_id_gap = 1 << 20;    // the largest id may pass the number of tokens by this much
+  static constexpr std::size_t max_template_ids = 4096;  // special tokens a post-processor adds to a text
+
   std::string file;
+  mutable std::size_t steps = 0;  // components of the pipeline being read
   [[noreturn]] void fail(const std::string& what) const { throw data_error("tokenizer '" + file + "': " + what); }
+
+  /// Refuses JSON nested deeper than max_json_depth before nlohmann::json parses (and later copies) it.
+  void check_json_depth(std::string_view s) const {
+    std::size_t depth = 0;
+    bool in_string = false;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const char c = s[i];
+      if (in_string) {
+        if (c == '\\')
+          ++i;
+        else if (c == '"')
+          in_string = false;
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '[' || c == '{') {
+        if (++depth > max_json_depth)
+          fail("JSON nested deeper than " + std::to_string(max_json_depth) + " levels (at byte " + std::to_string(i) +
+               "), this port's limit; a tokenizer.json nests a few levels: the file is damaged or not a tokenizer");
+      } else if ((c == ']' || c == '}') && depth > 0) {
+        --depth;
+      }
+    }
+  }
+
+  /// Guards each component of a pipeline: Sequences nested at most max_depth deep, at most max_steps components.
+  void enter(const std::string& where, int depth) const {
+    const auto top = where.substr(0, where.find('.'));
+    if (depth == 0) steps = 0;
+    if (depth > max_depth)
+      fail(top + " has Sequences nested more than " + std::to_string(max_depth) +
+           " deep, this port's limit: flatten the Sequences (their steps run in order either way)");
+    if (++steps > max_steps)
+      fail(top + " has more than " + std::to_string(max_steps) + " components, this port's limit");
+  }
+
+  /// `v` (named `where` in messages) as an integer in [lo, hi]; anything else (a float, a string, out of range) is
+  /// refused naming the key and the value.
+  std::int64_t int_in(const nlohmann::json& v, const std::string& where, std::int64_t lo, std::int64_t hi) const {
+    bool ok = false;
+    std::int64_t x = 0;
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<std::uint64_t>();
+      ok = u <= static_cast<std::uint64_t>(hi);
+      x = ok ? static_cast<std::int64_t>(u) : 0;
+    } else if (v.is_number_integer()) {
+      x = v.get<std::int64_t>();
+      ok = true;
+    }
+    if (!ok || x < lo || x > hi)
+      fail(where + " is " + show(v) + ", not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+           "]: the file is damaged or was not written by Hugging Face tokenizers");
+    return x;
+  }
+  std::int32_t id_in(const nlohmann::json& v, const std::string& where) const {
+    return static_cast<std::int32_t>(int_in(v, where, 0, id_max));
+  }
+  /// `s` if it is one character (the library's `char` fields: Metaspace's replacement, Strip's content).
+  std::string one_char(std::string s, const std::string& where) const {
+    std::size_t len = 0;
+    if (s.empty() || (next_cp(s.data(), s.size(), 0, len), len != s.size()))
+      fail(where + " is " + show(s) + ", not a single character");
+    return s;
+  }
   static std::string show(const nlohmann::json& j) {
     auto s = j.dump();
     return s.size() > 200 ? s.substr(0, 200) + "..." : s;
@@ -1111,12 +1237,14 @@ struct loader {
     fail(where + ".pattern must be {\"String\": ...} or {\"Regex\": ...}, not " + show(p));
   }
 
-  void normalizer(impl& t, const nlohmann::json& j, const std::string& where) const {
+  void normalizer(impl& t, const nlohmann::json& j, const std::string& where, int depth = 0) const {
     if (j.is_null()) return;
+    enter(where, depth);
     const auto type = type_of(j, where);
     if (type == "Sequence") {
-      for (std::size_t i = 0; i < j["normalizers"].size(); ++i)
-        normalizer(t, j["normalizers"][i], where + ".normalizers[" + std::to_string(i) + "]");
+      const auto& seq = j.at("normalizers");
+      for (std::size_t i = 0; i < seq.size(); ++i)
+        normalizer(t, seq.at(i), where + ".normalizers[" + std::to_string(i) + "]", depth + 1);
     } else if (type == "Prepend") {
       t.normalizers.push_back({normalizer_step::prepend, j.at("prepend").get<std::string>(), {}});
     } else if (type == "Replace") {
@@ -1129,15 +1257,17 @@ struct loader {
     }
   }
 
-  void pre_tokenizer(impl& t, const nlohmann::json& j, const std::string& where) const {
+  void pre_tokenizer(impl& t, const nlohmann::json& j, const std::string& where, int depth = 0) const {
     if (j.is_null()) return;
+    enter(where, depth);
     const auto type = type_of(j, where);
     if (!t.pretoks.empty() && t.pretoks.back().kind == pretok_step::byte_level)
       fail(where + ": a pre-tokenizer after ByteLevel is not supported");
     pretok_step st;
     if (type == "Sequence") {
-      for (std::size_t i = 0; i < j["pretokenizers"].size(); ++i)
-        pre_tokenizer(t, j["pretokenizers"][i], where + ".pretokenizers[" + std::to_string(i) + "]");
+      const auto& seq = j.at("pretokenizers");
+      for (std::size_t i = 0; i < seq.size(); ++i)
+        pre_tokenizer(t, seq.at(i), where + ".pretokenizers[" + std::to_string(i) + "]", depth + 1);
       return;
     } else if (type == "ByteLevel") {
       st.kind = pretok_step::byte_level;
@@ -1145,7 +1275,7 @@ struct loader {
       st.use_regex = bool_or(j, "use_regex", true);
     } else if (type == "Metaspace") {
       st.kind = pretok_step::metaspace;
-      st.replacement = str_or(j, "replacement", "\xE2\x96\x81");
+      st.replacement = one_char(str_or(j, "replacement", "\xE2\x96\x81"), where + ".replacement");
       st.split = bool_or(j, "split", true);
       std::string scheme = str_or(j, "prepend_scheme", "");
       if (scheme.empty()) scheme = bool_or(j, "add_prefix_space", true) ? "always" : "never";
@@ -1196,20 +1326,22 @@ struct loader {
     t.pretoks.push_back(std::move(st));
   }
 
-  void decoder(impl& t, const nlohmann::json& j, const std::string& where) const {
+  void decoder(impl& t, const nlohmann::json& j, const std::string& where, int depth = 0) const {
     if (j.is_null()) return;
+    enter(where, depth);
     t.has_decoder = true;
     const auto type = type_of(j, where);
     decoder_step d;
     if (type == "Sequence") {
-      for (std::size_t i = 0; i < j["decoders"].size(); ++i)
-        decoder(t, j["decoders"][i], where + ".decoders[" + std::to_string(i) + "]");
+      const auto& seq = j.at("decoders");
+      for (std::size_t i = 0; i < seq.size(); ++i)
+        decoder(t, seq.at(i), where + ".decoders[" + std::to_string(i) + "]", depth + 1);
       return;
     } else if (type == "ByteLevel") {
       d.kind = decoder_step::byte_level;
     } else if (type == "Metaspace") {
       d.kind = decoder_step::metaspace;
-      d.a = str_or(j, "replacement", "\xE2\x96\x81");
+      d.a = one_char(str_or(j, "replacement", "\xE2\x96\x81"), where + ".replacement");
       std::string scheme = str_or(j, "prepend_scheme", "");
       if (scheme.empty()) scheme = bool_or(j, "add_prefix_space", true) ? "always" : "never";
       d.prepend = scheme != "never";
@@ -1225,9 +1357,9 @@ struct loader {
       d.kind = decoder_step::fuse;
     } else if (type == "Strip") {
       d.kind = decoder_step::strip;
-      d.a = j.at("content").get<std::string>();
-      d.start = j.value("start", 0);
-      d.stop = j.value("stop", 0);
+      d.a = one_char(j.at("content").get<std::string>(), where + ".content");
+      d.start = static_cast<int>(int_in(j.value("start", nlohmann::json(0)), where + ".start", 0, id_max));
+      d.stop = static_cast<int>(int_in(j.value("stop", nlohmann::json(0)), where + ".stop", 0, id_max));
     } else {
       fail(where + ".type \"" + type +
            "\" is not supported (supported decoders: ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, "
@@ -1238,31 +1370,45 @@ struct loader {
 
   /// The id of a Roberta/Bert processor's [token, id] pair.
   std::int32_t special_id(const nlohmann::json& tok, const std::string& where) const {
-    if (tok.is_array() && tok.size() == 2) return tok[1].get<std::int32_t>();
+    if (tok.is_array() && tok.size() == 2) return id_in(tok[1], where + "[1]");
     fail(where + " is not a [token, id] pair: " + show(tok));
   }
 
-  void post_processor(impl& t, const nlohmann::json& j, const std::string& where) const {
+  void post_processor(impl& t, const nlohmann::json& j, const std::string& where, int depth = 0) const {
     if (j.is_null()) return;
+    enter(where, depth);
     const auto type = type_of(j, where);
     if (type == "Sequence") {
-      for (std::size_t i = 0; i < j["processors"].size(); ++i)
-        post_processor(t, j["processors"][i], where + ".processors[" + std::to_string(i) + "]");
+      const auto& seq = j.at("processors");
+      for (std::size_t i = 0; i < seq.size(); ++i)
+        post_processor(t, seq.at(i), where + ".processors[" + std::to_string(i) + "]", depth + 1);
     } else if (type == "ByteLevel") {
       // offsets only
     } else if (type == "TemplateProcessing") {
       bool seen_a = false;
-      for (const auto& piece : j.at("single")) {
+      const auto& single = j.at("single");
+      for (std::size_t i = 0; i < single.size(); ++i) {
+        const auto& piece = single.at(i);
+        const auto at = where + ".single[" + std::to_string(i) + "]";
         if (piece.contains("Sequence")) {
           if (piece["Sequence"].value("id", "A") != "A") fail(where + ".single uses sequence B");
+          int_in(piece["Sequence"].value("type_id", nlohmann::json(0)), at + ".Sequence.type_id", 0, 0xFFFFFFFF);
           seen_a = true;
         } else if (piece.contains("SpecialToken")) {
           const auto name = piece["SpecialToken"].at("id").get<std::string>();
+          int_in(piece["SpecialToken"].value("type_id", nlohmann::json(0)), at + ".SpecialToken.type_id", 0,
+                 0xFFFFFFFF);
           const auto& sp = j.at("special_tokens");
           if (!sp.contains(name))
             fail(where + ".single names special token \"" + name + "\" missing from special_tokens");
           auto& dst = seen_a ? t.suffix_ids : t.prefix_ids;
-          for (const auto& id : sp[name].at("ids")) dst.push_back(id.get<std::int32_t>());
+          const auto& ids = sp[name].at("ids");
+          for (std::size_t k = 0; k < ids.size(); ++k) {
+            if (t.prefix_ids.size() + t.suffix_ids.size() >= max_template_ids)
+              fail(where + " adds more than " + std::to_string(max_template_ids) +
+                   " special tokens to each text, this port's limit");
+            dst.push_back(id_in(ids.at(k), where + ".special_tokens[\"" + name + "\"].ids[" + std::to_string(k) + "]"));
+          }
         } else {
           fail(where + ".single has an unknown piece " + show(piece));
         }
@@ -1291,7 +1437,12 @@ struct loader {
     t.byte_fallback = bool_or(m, "byte_fallback", false);
     t.ignore_merges = bool_or(m, "ignore_merges", false);
     t.unk_token = str_or(m, "unk_token", "");
-    for (const auto& [tok, id] : m.at("vocab").items()) t.vocab.emplace(tok, id.get<std::int32_t>());
+    const auto& vocab = m.at("vocab");
+    if (!vocab.is_object()) fail("model.vocab must be an object of token: id, not " + show(vocab));
+    for (const auto& [tok, id] : vocab.items()) {
+      const bool plain = id.is_number_unsigned() && id.get<std::uint64_t>() <= static_cast<std::uint64_t>(id_max);
+      t.vocab.emplace(tok, plain ? id.get<std::int32_t>() : id_in(id, "model.vocab[" + show(tok) + "]"));
+    }
     if (!t.unk_token.empty()) {
       if (auto it = t.vocab.find(t.unk_token); it != t.vocab.end()) t.unk_id = it->second;
     }
@@ -1302,6 +1453,7 @@ struct loader {
       return it->second;
     };
     const auto& merges = m.at("merges");
+    if (!merges.is_array()) fail("model.merges must be an array, not " + show(merges));
     t.merges.reserve(merges.size() * 2);
     for (std::size_t i = 0; i < merges.size(); ++i) {
       std::string a, b;
@@ -1337,14 +1489,20 @@ struct loader {
                        "' not found or not readable (give a tokenizer.json or a directory holding one)");
     std::stringstream ss;
     ss << in.rdbuf();
-    const std::string bytes = ss.str();
+    load_text(t, ss.str(), path);
+    special_tokens(t, fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path());
+  }
+
+  /// Loads the text of a tokenizer.json (`file` names it in messages); `name` becomes tokenizer::name().
+  void load_text(impl& t, std::string_view bytes, const std::string& name) {
+    check_json_depth(bytes);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(bytes);
     } catch (const std::exception& e) {
       fail(std::string("not valid JSON: ") + e.what());
     }
-    t.name = path;
+    t.name = name;
     t.hash = sha256_hex(bytes);
     try {
       for (const char* key : {"truncation", "padding"})
@@ -1359,17 +1517,19 @@ struct loader {
       pre_tokenizer(t, j.value("pre_tokenizer", nlohmann::json()), "pre_tokenizer");
       post_processor(t, j.value("post_processor", nlohmann::json()), "post_processor");
       decoder(t, j.value("decoder", nlohmann::json()), "decoder");
-      // added tokens
-      // Ids as the library assigns them when it loads the file: an added token whose content is already a token
-      // keeps that id; a new one gets the next id after the model vocabulary (the file's "id" is only checked).
-      std::int32_t max_id = -1;
-      for (const auto& [tok, id] : t.vocab) {
-        if (id < 0) fail("model.vocab has a negative id for \"" + tok + "\"");
-        max_id = std::max(max_id, id);
-      }
-      const auto model_size = static_cast<std::int32_t>(t.vocab.size());
-      std::optional<std::int32_t> max_added;
-      for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
+      // Added tokens as the library's AddedVocabulary::add_tokens takes them: empty ones are ignored; a token whose
+      // content is already a token keeps that id, a new one gets the next id after the model vocabulary (the file's
+      // "id" is only range-checked); a later entry for the same id replaces the earlier one's flags (special stays
+      // special), and a normalized one is matched, and decoded, as its normalized content.
+      std::int64_t max_id = -1, next_id = static_cast<std::int64_t>(t.vocab.size());
+      for (const auto& [tok, id] : t.vocab) max_id = std::max<std::int64_t>(max_id, id);
+      std::map<std::int32_t, added_token> by_id;
+      std::unordered_map<std::int32_t, std::string> normalized_text;
+      std::size_t budget = growth_cap(bytes.size());  // for the normalized contents
+      const auto& added = j.contains("added_tokens") ? j.at("added_tokens") : nlohmann::json::array();
+      for (std::size_t i = 0; i < added.size(); ++i) {
+        const auto& a = added.at(i);
+        if (a.contains("id")) id_in(a.at("id"), "added_tokens[" + std::to_string(i) + "].id");
         added_token at{a.at("content").get<std::string>(),
                        -1,
                        bool_or(a, "special", false),
@@ -1377,17 +1537,29 @@ struct loader {
                        bool_or(a, "rstrip", false),
                        bool_or(a, "single_word", false),
                        bool_or(a, "normalized", !bool_or(a, "special", false))};
+        if (at.content.empty()) continue;
         if (auto it = t.added_by_content.find(at.content); it != t.added_by_content.end())
           at.id = it->second;
         else if (auto iv = t.vocab.find(at.content); iv != t.vocab.end())
           at.id = iv->second;
+        else if (next_id > id_max)
+          fail("added_tokens[" + std::to_string(i) + "] would get id " + std::to_string(next_id) +
+               ", past the largest id this port supports (" + std::to_string(id_max) + ")");
         else
-          at.id = !max_added ? model_size : (*max_added >= model_size || model_size == 0 ? *max_added + 1 : model_size);
-        max_added = std::max(max_added.value_or(at.id), at.id);
-        max_id = std::max(max_id, at.id);
+          at.id = static_cast<std::int32_t>(next_id++);
+        max_id = std::max<std::int64_t>(max_id, at.id);
         t.added_by_content[at.content] = at.id;
-        t.added.push_back(std::move(at));
+        if (at.special) t.special_ids.insert(at.id);
+        if (at.normalized)
+          if (auto n = t.normalize(at.content, budget); n != at.content) normalized_text[at.id] = std::move(n);
+        by_id.insert_or_assign(at.id, std::move(at));
       }
+      // tables indexed by id: a few sparse ids are fine, ids far past the number of tokens are refused
+      const auto count = static_cast<std::int64_t>(t.vocab.size() + by_id.size());
+      if (max_id >= count + max_id_gap)
+        fail("the largest token id is " + std::to_string(max_id) + " but there are only " + std::to_string(count) +
+             " tokens; ids more than " + std::to_string(max_id_gap) +
+             " past the number of tokens are not supported (renumber model.vocab densely from 0)");
       t.id_to_token.assign(static_cast<std::size_t>(max_id + 1), {});
       t.has_token.assign(static_cast<std::size_t>(max_id + 1), 0);
       std::unordered_set<std::string> names;
@@ -1396,18 +1568,18 @@ struct loader {
         t.has_token[id] = 1;
         names.insert(tok);
       }
-      for (std::size_t i = 0; i < t.added.size(); ++i) {
-        const auto& at = t.added[i];
-        // a normalized added token is matched, and decoded, as its normalized content
-        const std::string shown = at.normalized ? t.normalize(at.content) : at.content;
-        t.id_to_token[at.id] = shown;
-        t.has_token[at.id] = 1;
-        names.insert(at.content);
-        if (at.special) t.special_ids.insert(at.id);
+      for (const auto& [tok, id] : t.added_by_content) names.insert(tok);
+      for (auto& [id, at] : by_id) {
+        const auto n = normalized_text.find(id);
+        const std::string& shown = n != normalized_text.end() ? n->second : at.content;
+        const auto index = static_cast<std::int32_t>(t.added.size());
+        t.id_to_token[id] = shown;
+        t.has_token[id] = 1;
         if (at.normalized)
-          t.norm_trie.insert(shown, static_cast<std::int32_t>(i));
+          t.norm_trie.insert(shown, index);
         else
-          t.raw_trie.insert(at.content, static_cast<std::int32_t>(i));
+          t.raw_trie.insert(at.content, index);
+        t.added.push_back(std::move(at));
       }
       t.vocab_size = static_cast<std::int64_t>(names.size());
       // byte-level symbols when the pre-tokenizer ends with ByteLevel
@@ -1427,20 +1599,18 @@ struct loader {
     } catch (const nlohmann::json::exception& e) {
       fail(std::string("unexpected structure: ") + e.what());
     }
-    special_tokens(t, path);
   }
 
-  /// bos/eos from tokenizer_config.json next to the file, else well-known names; whether the template adds them.
-  static void special_tokens(impl& t, const std::string& path) {
+  /// bos/eos from tokenizer_config.json in `dir` (if given), else well-known names; whether the template adds them.
+  static void special_tokens(impl& t, const std::optional<std::filesystem::path>& dir) {
     namespace fs = std::filesystem;
-    const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
     auto id_of = [&](const std::string& s) -> std::optional<std::int32_t> {
       if (auto it = t.added_by_content.find(s); it != t.added_by_content.end()) return it->second;
       if (auto it = t.vocab.find(s); it != t.vocab.end()) return it->second;
       return std::nullopt;
     };
-    const fs::path cfg = dir / "tokenizer_config.json";
-    if (fs::exists(cfg)) {
+    const fs::path cfg = dir ? *dir / "tokenizer_config.json" : fs::path();
+    if (dir && fs::exists(cfg)) {
       std::ifstream in(cfg);
       nlohmann::json c;
       try {
@@ -1449,9 +1619,10 @@ struct loader {
         throw data_error("tokenizer config '" + cfg.string() + "': not valid JSON: " + e.what());
       }
       auto name_of = [&](const char* key) -> std::optional<std::string> {
-        if (!c.contains(key) || c[key].is_null()) return std::nullopt;
+        if (!c.is_object() || !c.contains(key) || c[key].is_null()) return std::nullopt;
         if (c[key].is_string()) return c[key].get<std::string>();
-        if (c[key].is_object() && c[key].contains("content")) return c[key]["content"].get<std::string>();
+        if (c[key].is_object() && c[key].contains("content") && c[key]["content"].is_string())
+          return c[key]["content"].get<std::string>();
         return std::nullopt;
       };
       if (auto n = name_of("bos_token"); n && (t.bos = id_of(*n))) t.bos_text = *n;
@@ -1486,6 +1657,15 @@ tokenizer::tokenizer(std::shared_ptr<const detail::tok::impl> p) : p_(std::move(
 tokenizer tokenizer::from_file(const std::string& path) {
   auto t = std::make_shared<detail::tok::impl>();
   detail::tok::loader{}.load(*t, path);
+  return tokenizer(std::move(t));
+}
+
+tokenizer tokenizer::from_json(std::string_view json, const std::string& name) {
+  auto t = std::make_shared<detail::tok::impl>();
+  detail::tok::loader l;
+  l.file = name;
+  l.load_text(*t, json, name);
+  l.special_tokens(*t, std::nullopt);
   return tokenizer(std::move(t));
 }
 
@@ -1614,17 +1794,15 @@ std::int64_t tokenizer::token_byte_length(std::int32_t id) const {
   if (t.byte_symbols && !t.added_by_content.count(tok))
     if (auto raw = detail::tok::byte_level_to_bytes(tok)) return static_cast<std::int64_t>(raw->size());
   if (t.byte_fallback && tok.size() == 6 && tok.compare(0, 3, "<0x") == 0 && tok[5] == '>') return 1;
-  std::string s = tok;
-  for (const auto& d : t.decoders)
+  std::string s = tok, r;
+  for (std::size_t k = 0; k < t.decoders.size(); ++k) {
+    const auto& d = t.decoders[k];
     if (d.kind == detail::tok::decoder_step::replace || d.kind == detail::tok::decoder_step::metaspace) {
-      const std::string from = d.a, to = d.kind == detail::tok::decoder_step::replace ? d.b : " ";
-      std::string r;
-      std::size_t pos = 0;
-      for (std::size_t f; !from.empty() && (f = s.find(from, pos)) != std::string::npos; pos = f + from.size())
-        r.append(s, pos, f - pos).append(to);
-      r.append(s, pos, std::string::npos);
+      const std::string_view to = d.kind == detail::tok::decoder_step::replace ? std::string_view(d.b) : " ";
+      if (!detail::tok::replace_all(s, d.a, to, r, detail::tok::growth_cap(tok.size()))) t.too_long("decoder", k, tok);
       s.swap(r);
     }
+  }
   return static_cast<std::int64_t>(s.size());
 }
 

@@ -13,6 +13,7 @@ checkpoint::checkpoint_info find_checkpoint(const std::string& path, const std::
                                             const std::function<void(const std::string&)>& log) {
   const auto found = checkpoint::discover(path);
   for (const auto& p : found.problems) log("skipping " + p);
+  for (const auto& d : found.incomplete) log("skipping " + d + ": it has no metadata.json (a damaged checkpoint)");
   for (const auto& c : found.checkpoints) {
     try {
       checkpoint::verify_files(c);

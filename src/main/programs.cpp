@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -46,6 +48,9 @@ void maybe_relaunch_for_openblas(char** argv, std::string_view program) {
 
 int run_program(std::string_view program, const std::function<int()>& body) {
   const std::string p(program);
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, which is reported like a full disk, instead of
+  // killing the process with SIGXFSZ half-way through a file.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return body();
   } catch (const config::config_error& e) {
@@ -63,8 +68,14 @@ int run_program(std::string_view program, const std::function<int()>& body) {
   } catch (const hf::error& e) {
     std::cerr << p << ": Hugging Face checkpoint error: " << e.what() << "\n";
     return 5;
+  } catch (const safetensors::format_error& e) {
+    std::cerr << p << ": safetensors error: " << e.what() << "\n";
+    return 5;
   } catch (const io::io_error& e) {
     std::cerr << p << ": cannot write: " << e.what() << "\n";
+    return 5;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << p << ": file system error: " << e.what() << "\n";
     return 5;
   } catch (const viz::viz_error& e) {
     std::cerr << p << ": " << e.what() << "\n";

@@ -12,13 +12,13 @@ namespace levanter {
 using config::fmt_num;
 
 void validate(config::validator& v, const Gpt2Config& m) {
-  const std::pair<const char*, int> positive[] = {{"model.seq_len", m.seq_len},
-                                                  {"model.hidden_dim", m.hidden_dim},
-                                                  {"model.num_layers", m.num_layers},
-                                                  {"model.num_heads", m.num_heads},
-                                                  {"model.mlp_scale", m.mlp_scale}};
-  for (const auto& [k, val] : positive)
-    if (val <= 0) v.error(k, "must be positive (got " + std::to_string(val) + ")");
+  namespace bounds = config::bounds;
+  using config::check_int;
+  check_int(v, "model.seq_len", m.seq_len, 1, bounds::max_seq_len);
+  check_int(v, "model.hidden_dim", m.hidden_dim, 1, bounds::max_model_dim);
+  check_int(v, "model.num_layers", m.num_layers, 1, bounds::max_layers);
+  check_int(v, "model.num_heads", m.num_heads, 1, bounds::max_heads);
+  check_int(v, "model.mlp_scale", m.mlp_scale, 1, 64, "the MLP is mlp_scale x hidden_dim wide");
   if (m.hidden_dim > 0 && m.num_heads > 0 && m.hidden_dim % m.num_heads != 0)
     v.error("model.num_heads", "hidden_dim " + std::to_string(m.hidden_dim) + " is not divisible by num_heads " +
                                    std::to_string(m.num_heads) + "; choose num_heads dividing hidden_dim");

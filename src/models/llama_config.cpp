@@ -80,24 +80,20 @@ double LlamaConfig::flops_per_token(std::int64_t vocab) const {
 }
 
 void validate(config::validator& v, const LlamaConfig& m) {
-  const std::pair<const char*, int> positive[] = {{"model.seq_len", m.seq_len},
-                                                  {"model.hidden_dim", m.hidden_dim},
-                                                  {"model.intermediate_dim", m.intermediate_dim},
-                                                  {"model.num_layers", m.num_layers},
-                                                  {"model.num_heads", m.num_heads},
-                                                  {"model.num_kv_heads", m.num_kv_heads}};
+  namespace bounds = config::bounds;
+  using config::check_int;
   bool sizes_ok = true;
-  for (const auto& [k, val] : positive)
-    if (val <= 0) {
-      v.error(k, "must be positive (got " + std::to_string(val) + ")");
-      sizes_ok = false;
-    }
+  sizes_ok &= check_int(v, "model.seq_len", m.seq_len, 1, bounds::max_seq_len);
+  sizes_ok &= check_int(v, "model.hidden_dim", m.hidden_dim, 1, bounds::max_model_dim);
+  sizes_ok &= check_int(v, "model.intermediate_dim", m.intermediate_dim, 1, bounds::max_model_dim);
+  sizes_ok &= check_int(v, "model.num_layers", m.num_layers, 1, bounds::max_layers);
+  sizes_ok &= check_int(v, "model.num_heads", m.num_heads, 1, bounds::max_heads);
+  sizes_ok &= check_int(v, "model.num_kv_heads", m.num_kv_heads, 1, bounds::max_heads);
+  if (m.head_dim) sizes_ok &= check_int(v, "model.head_dim", *m.head_dim, 1, bounds::max_model_dim);
   if (sizes_ok && m.num_heads % m.num_kv_heads != 0)
     v.error("model.num_kv_heads", "num_heads " + std::to_string(m.num_heads) + " is not divisible by num_kv_heads " +
                                       std::to_string(m.num_kv_heads) +
                                       "; use a divisor of num_heads (num_heads for MHA, 1 for MQA)");
-  if (m.head_dim && *m.head_dim <= 0)
-    v.error("model.head_dim", "must be positive (got " + std::to_string(*m.head_dim) + ")");
   if (sizes_ok && !m.head_dim && m.hidden_dim % m.num_heads != 0)
     v.error("model.num_heads", "hidden_dim " + std::to_string(m.hidden_dim) + " is not divisible by num_heads " +
                                    std::to_string(m.num_heads) +
@@ -110,19 +106,15 @@ void validate(config::validator& v, const LlamaConfig& m) {
     v.note("model.scan_layers",
            "false selects upstream's unstacked BlockSeq; layers are always stacked here, which "
            "computes the same function");
-  if (m.sliding_window && *m.sliding_window <= 0)
-    v.error("model.sliding_window", "must be positive (got " + std::to_string(*m.sliding_window) + ")");
-  if (m.max_window_layers < 0) v.error("model.max_window_layers", "must be >= 0");
+  if (m.sliding_window) check_int(v, "model.sliding_window", *m.sliding_window, 1, bounds::max_seq_len);
+  check_int(v, "model.max_window_layers", m.max_window_layers, 0, bounds::max_layers);
   if (m.use_sliding_window && !m.sliding_window)
     v.error("model.sliding_window", "use_sliding_window is true but no sliding_window is set; give the window size");
   if (m.family == llama_family::mistral && m.tie_word_embeddings)
     v.refuse("model.tie_word_embeddings", "Mistral's LM head is never tied (as upstream)",
              "remove the key or use type: llama");
   const auto check_rope = [&](const char* key, double x, bool strictly) {
-    if (!std::isfinite(x) || (strictly ? !(x > 0) : !(x >= 0)))
-      v.error(std::string("model.rope.") + key, std::string("must be a finite ") +
-                                                    (strictly ? "positive" : "non-negative") + " number (got " +
-                                                    fmt_num(x) + ")");
+    config::check_real(v, std::string("model.rope.") + key, x, 0, 1e12, strictly, false);
   };
   std::visit(
       [&](const auto& r) {
@@ -134,14 +126,14 @@ void validate(config::validator& v, const LlamaConfig& m) {
           check_rope("high_freq_factor", r.high_freq_factor, true);
           if (r.high_freq_factor <= r.low_freq_factor)
             v.error("model.rope.high_freq_factor", "must be larger than low_freq_factor");
-          if (r.original_max_position_embeddings <= 0)
-            v.error("model.rope.original_max_position_embeddings", "must be positive");
+          check_int(v, "model.rope.original_max_position_embeddings", r.original_max_position_embeddings, 1,
+                    bounds::max_seq_len);
         } else if constexpr (std::is_same_v<R, YarnRopeConfig>) {
           check_rope("beta_fast", r.beta_fast, true);
           check_rope("beta_slow", r.beta_slow, true);
           check_rope("mscale", r.mscale, false);
-          if (r.original_max_position_embeddings <= 0)
-            v.error("model.rope.original_max_position_embeddings", "must be positive");
+          check_int(v, "model.rope.original_max_position_embeddings", r.original_max_position_embeddings, 1,
+                    bounds::max_seq_len);
         }
       },
       m.rope.value);

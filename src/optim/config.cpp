@@ -7,19 +7,70 @@ namespace levanter {
 
 using config::fmt_num;
 
+namespace {
+
+namespace bounds = config::bounds;
+using config::check_int;
+using config::check_real;
+
+/// warmup, decay, rewarmup, cooldown: a fraction of the run (or cycle) when < 1, else a number of steps.
+void check_frac_or_steps(config::validator& v, const std::string& key, double x) {
+  check_real(v, key, x, 0, double(bounds::max_steps), false, false,
+             "a fraction of the steps (below 1) or a number of steps");
+}
+
+/// cycle_length / cycles: a number, or a list of cycle end steps (increasing).
+void check_cycles(config::validator& v, const std::string& key, const config::NumberOrList& c, bool is_length) {
+  if (c.number) {
+    if (is_length)
+      check_real(v, key, *c.number, 0, double(bounds::max_steps), true, false, "steps per cycle");
+    else
+      check_real(v, key, *c.number, 1, double(bounds::max_steps), false, false, "the number of cycles");
+    return;
+  }
+  for (std::size_t i = 0; i < c.list.size(); ++i) {
+    const std::string k = config::detail::join_index(key, i);
+    if (check_int(v, k, c.list[i], 1, bounds::max_steps, "cycle boundaries are step numbers") && i > 0 &&
+        c.list[i] <= c.list[i - 1])
+      v.error(k, "cycle boundaries must increase (" + std::to_string(c.list[i]) + " after " +
+                     std::to_string(c.list[i - 1]) + ")");
+  }
+}
+
+void check_rolling(config::validator& v, const std::string& key, int64_t length, double sigma) {
+  check_int(v, key + ".rolling_interval_length", length, 1, 1 << 20, "steps of history");
+  check_real(v, key + ".sigma_factor", sigma, 0, 1000, true, false);
+}
+
+}  // namespace
+
 void validate(config::validator& v, const AdamConfig& o) {
-  if (!(o.learning_rate >= 0)) v.error("optimizer.learning_rate", "must be >= 0 (got " + fmt_num(o.learning_rate) + ")");
-  if (!(o.weight_decay >= 0)) v.error("optimizer.weight_decay", "must be >= 0 (got " + fmt_num(o.weight_decay) + ")");
-  if (!(o.beta1 >= 0 && o.beta1 < 1)) v.error("optimizer.beta1", "must be in [0, 1) (got " + fmt_num(o.beta1) + ")");
-  if (!(o.beta2 >= 0 && o.beta2 < 1)) v.error("optimizer.beta2", "must be in [0, 1) (got " + fmt_num(o.beta2) + ")");
-  if (!(o.epsilon > 0)) v.error("optimizer.epsilon", "must be positive (got " + fmt_num(o.epsilon) + ")");
-  if (!(o.warmup >= 0)) v.error("optimizer.warmup", "must be >= 0 (a fraction or a number of steps)");
-  if (o.decay && !(*o.decay >= 0)) v.error("optimizer.decay", "must be >= 0 (a fraction or a number of steps)");
-  if (!(o.rewarmup >= 0)) v.error("optimizer.rewarmup", "must be >= 0 (a fraction or a number of steps)");
-  if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1))
-    v.error("optimizer.min_lr_ratio", "must be in [0, 1] (got " + fmt_num(o.min_lr_ratio) + ")");
-  if (o.max_grad_norm && !(*o.max_grad_norm >= 0))
-    v.error("optimizer.max_grad_norm", "must be >= 0 or unset (got " + fmt_num(*o.max_grad_norm) + ")");
+  check_real(v, "optimizer.learning_rate", o.learning_rate, 0, 100);
+  check_real(v, "optimizer.weight_decay", o.weight_decay, 0, 100);
+  check_real(v, "optimizer.beta1", o.beta1, 0, 1, false, true);
+  check_real(v, "optimizer.beta2", o.beta2, 0, 1, false, true);
+  check_real(v, "optimizer.epsilon", o.epsilon, 0, 1, true, false);
+  check_frac_or_steps(v, "optimizer.warmup", o.warmup);
+  if (o.decay) check_frac_or_steps(v, "optimizer.decay", *o.decay);
+  check_frac_or_steps(v, "optimizer.rewarmup", o.rewarmup);
+  check_real(v, "optimizer.min_lr_ratio", o.min_lr_ratio, 0, 1);
+  if (o.max_grad_norm)
+    check_real(v, "optimizer.max_grad_norm", *o.max_grad_norm, 0, 1e9, false, false,
+               "or null for no clipping");
+  if (o.cycle_length) check_cycles(v, "optimizer.cycle_length", *o.cycle_length, true);
+  if (o.cycles) check_cycles(v, "optimizer.cycles", *o.cycles, false);
+  if (o.clip_update_norm) check_rolling(v, "optimizer.clip_update_norm", o.clip_update_norm->rolling_interval_length,
+                                        o.clip_update_norm->sigma_factor);
+  if (const auto* s = std::get_if<SkipStepConfig>(&o.skip_bad_steps))
+    check_rolling(v, "optimizer.skip_bad_steps", s->rolling_interval_length, s->sigma_factor);
+  if (const auto* c = o.lr_schedule.get_if<CosineLrSchedule>())
+    check_real(v, "optimizer.lr_schedule.exponent", c->exponent, 0, 100, true, false);
+  if (const auto* p = o.lr_schedule.get_if<PowerLrSchedule>()) {
+    if (p->batch_size) check_int(v, "optimizer.lr_schedule.batch_size", *p->batch_size, 1, bounds::max_batch);
+    if (p->seq_length) check_int(v, "optimizer.lr_schedule.seq_length", *p->seq_length, 1, bounds::max_seq_len);
+    check_real(v, "optimizer.lr_schedule.a", p->a, 0, 1e6, true, false);
+    check_real(v, "optimizer.lr_schedule.b", p->b, -100, 0, false, true);
+  }
   if (o.cooldown)
     v.refuse("optimizer.cooldown", "cooldown is deprecated upstream and not supported",
              "use decay (the length of the final decay) with the normal schedule");
@@ -34,17 +85,16 @@ void validate(config::validator& v, const AdamConfig& o) {
     if (!p->batch_size || !p->seq_length)
       v.error("optimizer.lr_schedule", "the power schedule needs batch_size and seq_length; set "
                                        "lr_schedule: {type: power, batch_size: B, seq_length: L}");
-    if (!(p->a > 0 && p->b < 0)) v.error("optimizer.lr_schedule", "the power schedule expects a > 0 and b < 0");
   }
-  if (auto* s = o.lr_schedule.get_if<InvSqrtLrSchedule>(); s && !(s->timescale > 0))
-    v.error("optimizer.lr_schedule.timescale", "must be positive");
+  if (auto* s = o.lr_schedule.get_if<InvSqrtLrSchedule>())
+    check_real(v, "optimizer.lr_schedule.timescale", s->timescale, 0, double(bounds::max_steps), true, false);
   if (o.update_rms_clipping && o.clip_update_norm)
     v.error("optimizer.update_rms_clipping", "update_rms_clipping cannot be combined with clip_update_norm "
                                              "(upstream rejects it); keep one of them");
-  if (o.update_rms_clipping && !(*o.update_rms_clipping > 0))
-    v.error("optimizer.update_rms_clipping", "must be positive");
-  if (auto* n = std::get_if<int64_t>(&o.skip_bad_steps); n && *n <= 0)
-    v.error("optimizer.skip_bad_steps", "a history length must be positive (or use true/false)");
+  if (o.update_rms_clipping)
+    check_real(v, "optimizer.update_rms_clipping", *o.update_rms_clipping, 0, 1e9, true, false);
+  if (auto* n = std::get_if<int64_t>(&o.skip_bad_steps))
+    check_int(v, "optimizer.skip_bad_steps", *n, 1, 1 << 20, "a history length in steps (or use true/false)");
 }
 
 }  // namespace levanter

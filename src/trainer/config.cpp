@@ -1,12 +1,17 @@
 // trainer/config.hpp: checks of the `trainer:` section (with its checkpointer and trackers).
 #include <levanter/trainer/config.hpp>
 
+#include <algorithm>
+
 #include <levanter/config/validate.hpp>
 
 namespace levanter {
 
+using config::check_int;
+using config::check_path_component;
 using config::check_remote;
 using config::detail::join_index;
+namespace bounds = config::bounds;
 
 static void check_dtype(config::validator& v, const config::MpPolicy& mp) {
   using config::dtype;
@@ -28,9 +33,17 @@ void validate(config::validator& v, const TrainerConfig& t) {
       v.refuse(key, "the wandb tracker needs the Weights & Biases service, which this build cannot reach",
                "use tracker: {type: tensorboard} (view with `tensorboard --logdir tblogs`), tracker: {type: json_logger} "
                "(metrics.jsonl in the run dir), a list of both, or noop");
-    if (const auto* tb = tr.get_if<TensorboardConfig>(); tb && tb->logdir)
-      check_remote(v, key + ".logdir", *tb->logdir, "directory");
+    if (const auto* tb = tr.get_if<TensorboardConfig>()) {
+      if (tb->logdir) check_remote(v, key + ".logdir", *tb->logdir, "directory");
+      if (tb->purge_step) check_int(v, key + ".purge_step", *tb->purge_step, 0, bounds::max_steps);
+      check_int(v, key + ".max_queue", tb->max_queue, 1, 1 << 20);
+      check_int(v, key + ".flush_secs", tb->flush_secs, 1, 86400);
+    }
   }
+  if (t.id) check_path_component(v, "trainer.id", *t.id, "run id");
+  if (t.log_dir.empty()) v.error("trainer.log_dir", "is empty; give a directory (default logs/)");
+  if (t.checkpointer.base_path.empty())
+    v.error("trainer.checkpointer.base_path", "is empty; give a directory (default checkpoints/)");
   if (t.wandb.set)
     v.refuse("trainer.wandb", "trainer.wandb (a deprecated upstream alias of tracker) is not supported",
              "use trainer.tracker: {type: tensorboard} or {type: json_logger} (or a list of both)", t.wandb.where);
@@ -46,8 +59,9 @@ void validate(config::validator& v, const TrainerConfig& t) {
       v.error(t.watch.watch_targets.is_list ? join_index("trainer.watch.watch_targets", i) : "trainer.watch.watch_targets",
               "unknown watch target '" + w + "': use grads, params, updates or opt_state");
   }
-  if (t.watch.interval < 0) v.error("trainer.watch.interval", "must be >= 0 (0 turns watching off)");
-  if (t.profiler && t.profiler_num_steps <= 0) v.error("trainer.profiler_num_steps", "must be positive");
+  check_int(v, "trainer.watch.interval", t.watch.interval, 0, bounds::max_steps, "0 turns watching off");
+  check_int(v, "trainer.profiler_start_step", t.profiler_start_step, 0, bounds::max_steps);
+  check_int(v, "trainer.profiler_num_steps", t.profiler_num_steps, 1, bounds::max_steps);
   if (t.initialize_from) check_remote(v, "trainer.initialize_from", *t.initialize_from, "directory");
   if (t.shutdown_at_exit)
     v.refuse("trainer.shutdown_at_exit", "shutting the machine down at exit is not supported",
@@ -72,6 +86,10 @@ void validate(config::validator& v, const TrainerConfig& t) {
                                                              : join_index("trainer.train_batch_size", i);
     if (steps[i].value <= 0)
       v.error(key, "train_batch_size must be positive (got " + std::to_string(steps[i].value) + ")");
+    else
+      check_int(v, t.train_batch_size.is_constant() ? key : key + ".value", steps[i].value, 1, bounds::max_batch,
+                "sequences per step");
+    if (i > 0) check_int(v, key + ".start", steps[i].start, 1, bounds::max_steps);
     if (i == 0 && steps[i].start != 0)
       v.error(key, "a batch-size schedule must start at step 0 (got start " + std::to_string(steps[i].start) + ")");
     if (i > 0 && steps[i].start <= steps[i - 1].start)
@@ -82,7 +100,8 @@ void validate(config::validator& v, const TrainerConfig& t) {
     if (t.per_device_parallelism <= 0) {
       v.error("trainer.per_device_parallelism",
               "must be -1 (whole batch) or positive (got " + std::to_string(t.per_device_parallelism) + ")");
-    } else {
+    } else if (check_int(v, "trainer.per_device_parallelism", t.per_device_parallelism, 1, bounds::max_batch,
+                         "or -1 for the whole batch")) {
       for (const auto& s : steps)
         if (s.value > 0 && s.value % t.per_device_parallelism != 0) {
           v.error("trainer.per_device_parallelism", "train_batch_size " + std::to_string(s.value) +
@@ -95,12 +114,34 @@ void validate(config::validator& v, const TrainerConfig& t) {
   if (t.per_device_eval_parallelism != -1 && t.per_device_eval_parallelism <= 0)
     v.error("trainer.per_device_eval_parallelism",
             "must be -1 (same as training) or positive (got " + std::to_string(t.per_device_eval_parallelism) + ")");
+  else if (t.per_device_eval_parallelism != -1)
+    check_int(v, "trainer.per_device_eval_parallelism", t.per_device_eval_parallelism, 1, bounds::max_batch,
+              "or -1 for the training micro-batch");
   if (t.num_train_steps <= 0)
     v.error("trainer.num_train_steps", "must be positive (got " + std::to_string(t.num_train_steps) + ")");
+  else if (check_int(v, "trainer.num_train_steps", t.num_train_steps, 1, bounds::max_steps)) {
+    // Sequences over the whole run (the data offsets): batch sizes x steps.
+    double examples = 0;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const double end = i + 1 < steps.size() ? double(std::min(steps[i + 1].start, t.num_train_steps))
+                                              : double(t.num_train_steps);
+      if (end > double(steps[i].start)) examples += (end - double(steps[i].start)) * double(steps[i].value);
+    }
+    if (examples > double(bounds::max_examples))
+      v.error("trainer.num_train_steps", "the run would read " + config::fmt_num(examples) +
+                                             " sequences (train_batch_size x num_train_steps); the limit is " +
+                                             config::fmt_bound(bounds::max_examples) +
+                                             "; use fewer steps or smaller batches");
+  }
   if (t.steps_per_eval <= 0)
     v.error("trainer.steps_per_eval", "must be positive (got " + std::to_string(t.steps_per_eval) + ")");
-  if (t.max_eval_batches && *t.max_eval_batches < 0)
-    v.error("trainer.max_eval_batches", "must be >= 0 or unset (got " + std::to_string(*t.max_eval_batches) + ")");
+  else
+    check_int(v, "trainer.steps_per_eval", t.steps_per_eval, 1, bounds::max_steps);
+  // Upstream stops evaluating after max_eval_batches batches (None: the whole validation set); 0 would evaluate
+  // nothing and log a meaningless loss.
+  if (t.max_eval_batches)
+    check_int(v, "trainer.max_eval_batches", *t.max_eval_batches, 1, bounds::max_steps,
+              "or null (leave it out) to evaluate the whole validation set");
 
   // checkpoint keep policies
   const auto& keep = t.checkpointer.keep;
@@ -108,6 +149,9 @@ void validate(config::validator& v, const TrainerConfig& t) {
     const std::string key = join_index("trainer.checkpointer.keep", i);
     if (keep[i].every <= 0)
       v.error(key + ".every", "must be positive (got " + std::to_string(keep[i].every) + ")");
+    else
+      check_int(v, key + ".every", keep[i].every, 1, bounds::max_steps);
+    if (keep[i].until) check_int(v, key + ".until", *keep[i].until, 1, bounds::max_steps);
     if (!keep[i].until && i + 1 < keep.size())
       v.error(key + ".until", "only the last keep policy may omit 'until'; give this one an until step");
     if (i > 0 && keep[i].until && keep[i - 1].until && *keep[i].until <= *keep[i - 1].until)
@@ -116,6 +160,8 @@ void validate(config::validator& v, const TrainerConfig& t) {
   }
   if (t.checkpointer.save_interval.seconds <= 0)
     v.error("trainer.checkpointer.save_interval", "must be a positive duration (e.g. 15m)");
+  else if (auto why = config::detail::duration_problem(t.checkpointer.save_interval.seconds); !why.empty())
+    v.error("trainer.checkpointer.save_interval", why);
 
   // JAX-only keys: accepted, ignored, listed
   const char* jax_only[] = {"trainer.jax_config", "trainer.log_jaxprs", "trainer.log_xla_hlo",

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <haliax/detail/gemm.hpp>
+#include <levanter/config/validate.hpp>
 #include <levanter/config/yaml.hpp>
 #include <levanter/io/atomic_file.hpp>
 
@@ -18,7 +19,14 @@ namespace levanter {
 
 std::string resolve_run_id(const std::optional<std::string>& configured) {
   if (configured && !configured->empty()) return *configured;
-  if (const char* env = std::getenv("RUN_ID"); env && *env) return env;
+  if (const char* env = std::getenv("RUN_ID"); env && *env) {
+    // The id names the run's directories, so $RUN_ID obeys the rule trainer.id does.
+    const config::source_map none;
+    config::validator v{none, {}};
+    if (!config::check_path_component(v, "RUN_ID", env, "run id"))
+      throw config::config_error("the environment variable " + v.result.errors.front());
+    return env;
+  }
   static constexpr char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
   std::random_device rd;
   std::string id;
@@ -160,6 +168,13 @@ run_context::run_context(const TrainerConfig& t, std::string resolved_yaml, std:
   std::filesystem::create_directories(dir_, ec);
   if (ec) throw config::config_error("trainer.log_dir: cannot create the run directory '" + dir_.string() + "' (" +
                                      ec.message() + ")");
+  try {
+    lock_ = io::dir_lock(dir_);
+  } catch (const io::lock_error& e) {
+    throw config::config_error("run '" + id_ + "': the run directory " + e.what());
+  } catch (const std::exception& e) {
+    throw config::config_error(std::string("trainer.log_dir: ") + e.what());
+  }
   try {
     io::write_file_atomic(dir_ / "config.yaml", yaml_);
   } catch (const io::io_error& e) {

@@ -1,4 +1,6 @@
-// libFuzzer target for levanter::safetensors::parse (built and run by scripts/fuzz-safetensors.sh, not by CMake).
+// libFuzzer target for levanter::safetensors::parse (built and run by scripts/fuzz.sh safetensors SECONDS).
+// fuzz-sources: src/compat/safetensors.cpp src/io/atomic_file.cpp
+// fuzz-flags: -max_len=4096 -dict=tests/fuzz/safetensors.dict
 // Each input is parsed twice: as it is, and with the length field rewritten so the header ends at the input's
 // last '}', which spends the fuzzer's time on the JSON rather than on guessing lengths. A header that parses must
 // describe tensors that lie inside the input and tile the data buffer; anything else aborts.

@@ -1,10 +1,11 @@
 // levanter/checkpoint/checkpointer.hpp: checkpoint directories and upstream's Checkpointer policy.
 //
 // A checkpoint is a directory `<base>/step-N/` holding HDF5 files and `metadata.json` ({"step", "timestamp",
-// "is_temporary", "files": {name: bytes}}). It is built under a hidden temporary name, every file fsynced,
-// metadata.json written last, then renamed into place and the parent fsynced: a crash at any point leaves either
-// no `step-N` or a complete one. Readers only consider directories that hold metadata.json, and check that every
-// file it lists has the recorded size before trusting it.
+// "is_temporary", "files": {name: bytes}, "checksums": {name: "crc32:<hex>"}}). It is built under a hidden
+// temporary name, every file fsynced, metadata.json written last, then renamed into place and the parent fsynced:
+// a crash at any point leaves either no `step-N` or a complete one; a failed write (a full disk) removes its hidden
+// directory. Readers only consider directories that hold metadata.json, and check that every file it lists has the
+// recorded size and checksum before trusting it. One process at a time writes under a base path (a lock file).
 //
 // Policy (upstream `Checkpointer.on_step`): a permanent checkpoint every `keep[i].every` steps (the first policy
 // whose `until` is unset or >= step), else a temporary one when `save_interval` has passed since the last save.
@@ -20,6 +21,7 @@
 #include <functional>
 #include <levanter/checkpoint/config.hpp>
 #include <levanter/checkpoint/h5.hpp>
+#include <levanter/io/dir_lock.hpp>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -51,13 +53,18 @@ struct checkpoint_info {
 /// write never committed). Throws `error` when metadata.json exists but cannot be parsed.
 std::optional<checkpoint_info> read_metadata(const fs::path& dir);
 
-/// Checks that every file metadata.json lists exists with its recorded size.
-void verify_files(const checkpoint_info& info);
+/// Checks that every file metadata.json lists exists with its recorded size and, when `check_contents`, that its
+/// bytes match the CRC-32 recorded under "checksums" (format_version 2; version 1 checkpoints have none). Throws
+/// `error` naming the checkpoint, the file and what is wrong.
+void verify_files(const checkpoint_info& info, bool check_contents = true);
 
 /// What `discover` found under a path.
 struct discovery {
   std::vector<checkpoint_info> checkpoints;  ///< newest first: by (timestamp, step), as upstream
   std::vector<std::string> problems;         ///< directories with an unreadable metadata.json
+  /// `step-N` directories without metadata.json. A write never leaves one (it commits by renaming a complete
+  /// hidden directory), so each is a damaged checkpoint: reported, never silently trained over.
+  std::vector<std::string> incomplete;
 };
 
 /// `path` itself if it is a checkpoint, and its immediate subdirectories that are (hidden ones, i.e. writes in
@@ -80,7 +87,8 @@ struct policy {
 };
 
 /// Upstream's Checkpointer: decides when to save, writes in the background, deletes the previous temporary
-/// checkpoint after the next one commits. `now` is injectable for tests.
+/// checkpoint after the next one commits. `now` is injectable for tests. Constructing one locks the base path
+/// (io::dir_lock); a second checkpointer on it, in any process, throws `error` naming the holder.
 class checkpointer {
  public:
   using clock_fn = std::function<std::chrono::system_clock::time_point()>;
@@ -128,6 +136,7 @@ class checkpointer {
   void rethrow_failure();
 
   policy p_;
+  io::dir_lock lock_;  ///< held from construction: one writer per base path
   clock_fn now_;
   log_fn log_;
   std::chrono::system_clock::time_point last_save_time_;

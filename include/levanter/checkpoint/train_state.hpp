@@ -88,16 +88,25 @@ loaded_state load_train_state(const checkpoint_info& info, M& model, optim::opti
 enum class resume_outcome { none_found, loaded };
 
 /// Tries the checkpoints under `path` newest first (`load` loads one and throws `error` when it cannot), telling
-/// `log` why each unreadable one is skipped. Returns none_found only when there is no committed checkpoint at
-/// all; throws `error` when there are some and none loads, so a run never silently restarts at step 0.
+/// `log` why each unreadable one is skipped. Returns none_found only when there is no checkpoint at all; throws
+/// `error` when there are some and none loads (step directories without metadata.json count), so a run never
+/// silently restarts at step 0 over them.
 inline resume_outcome resume_newest(const fs::path& path, const std::function<void(const checkpoint_info&)>& load,
                                     const std::function<void(const std::string&)>& log) {
   const auto found = discover(path);
   for (const auto& p : found.problems) log("checkpoint: skipping " + p);
+  for (const auto& d : found.incomplete)
+    log("checkpoint: skipping " + d + ": it has no metadata.json (damaged: a committed checkpoint always has one)");
   if (found.checkpoints.empty()) {
     if (!found.problems.empty())
       throw error("every checkpoint under '" + path.string() + "' is unreadable (" + found.problems.front() +
                   "); fix or remove them, or set trainer.load_checkpoint: false to start over");
+    if (!found.incomplete.empty())
+      throw error("'" + path.string() + "' holds " + std::to_string(found.incomplete.size()) +
+                  " step directories without metadata.json (" + found.incomplete.front() +
+                  (found.incomplete.size() > 1 ? ", ..." : "") +
+                  ") and no complete checkpoint; they are damaged and starting at step 0 would overwrite them: "
+                  "move them away, or set trainer.load_checkpoint: false to start over");
     return resume_outcome::none_found;
   }
   std::string reasons;

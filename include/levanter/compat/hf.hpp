@@ -4,7 +4,7 @@
 //   auto dir = levanter::hf::open_dir("hf/gpt2", "initialize_from_hf");
 //   auto cfg = levanter::hf::config_from_hf<M>(base_cfg, dir.config, "hf/gpt2/config.json");
 //   auto model = M::init(cfg, dir.vocab_size, key);
-//   levanter::hf::load(dir, model);                                   // names and layers as the adapter maps them
+//   levanter::hf::load(dir, model, config);                           // names and layers as the adapter maps them
 //   levanter::hf::save(model, cfg, vocab, "out", {.bos = 0, .eos = 0}); // config.json + safetensors
 //
 // An adapter (`template <> struct hf_adapter<M>`, next to the model) says, for one model type:
@@ -145,16 +145,28 @@ nlohmann::json hf_config_json(const typename M::config_type& c, std::int64_t voc
   return j;
 }
 
-/// Loads the weights of `d` into `m`, whose config must have the directory's architecture (see check_matches).
-/// Throws error naming the tensor for a missing tensor, a size that does not match, or a tensor the model lacks.
+/// Loads the weights of `d` into `m` (of config `c`, which must have the directory's architecture: see
+/// check_matches). Throws error naming the tensor for a missing tensor, a shape that differs from the model's
+/// (a transposed or flattened tensor of the right size included), or a tensor the model lacks.
 template <HfConvertible M>
-void load(const hf_dir& d, M& m) {
+void load(const hf_dir& d, M& m, const typename M::config_type& c) {
   using A = hf_adapter<M>;
   detail::check_adapter_type<A>(d);
+  std::map<std::string, std::vector<std::int64_t>> layout;
+  for (auto& [name, shape] : A::hf_layout(c, m.vocab_size())) layout.emplace(name, std::move(shape));
+  auto shape_text = [](const std::vector<std::int64_t>& s) {
+    std::string t = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + "]";
+  };
   std::set<std::string> used;
   auto read = [&](const std::string& name, std::size_t want) {
     const std::string full = A::full_name(d, name);
-    if (!d.tensors.find(full)) throw error("'" + d.dir + "' has no tensor '" + full + "'");
+    const auto* info = d.tensors.find(full);
+    if (!info) throw error("'" + d.dir + "' has no tensor '" + full + "'");
+    if (const auto it = layout.find(name); it != layout.end() && info->shape != it->second)
+      throw error("'" + d.dir + "': tensor '" + full + "' has shape " + shape_text(info->shape) +
+                  ", the model expects " + shape_text(it->second) + " (does config.json match the weights?)");
     auto v = d.tensors.read_f32(full);
     if (v.size() != want)
       throw error("'" + d.dir + "': tensor '" + full + "' has " + std::to_string(v.size()) +

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cctype>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,33 @@ struct validator {
     error(key, feature + "; " + instead, where);
   }
 };
+
+// ---- ranges ----------------------------------------------------------------------------------------------------
+/// Bounds shared by the sections. Each key's own range is in its validate(); these keep the products that the
+/// program forms in 64-bit integers (batch x seq_len x hidden_dim, batch x seq_len x vocab, sequences per run x
+/// seq_len, layers x hidden x intermediate) below 2^63.
+namespace bounds {
+inline constexpr int64_t max_steps = int64_t(1) << 40;      ///< steps, step intervals and step indices
+inline constexpr int64_t max_examples = int64_t(1) << 40;   ///< sequences over a run (batch sizes x steps)
+inline constexpr int64_t max_batch = int64_t(1) << 20;      ///< sequences per batch or micro-batch
+inline constexpr int64_t max_seq_len = int64_t(1) << 20;    ///< tokens per sequence (and attention windows)
+inline constexpr int64_t max_model_dim = int64_t(1) << 17;  ///< hidden_dim, intermediate_dim, head_dim
+inline constexpr int64_t max_layers = 4096;                 ///< num_layers
+inline constexpr int64_t max_heads = 4096;                  ///< num_heads, num_kv_heads
+inline constexpr int64_t max_vocab = int64_t(1) << 22;      ///< vocab_size
+inline constexpr std::size_t max_name_chars = 128;          ///< run ids and other names used as path components
+}  // namespace bounds
+
+/// `lo <= x <= hi`, else "<key> (<where>): must be an integer in [lo, hi] (got x)<; hint>". Returns whether it is.
+bool check_int(validator& v, const std::string& key, int64_t x, int64_t lo, int64_t hi, const std::string& hint = "");
+/// A finite `x` in the range (`lo_open`/`hi_open`: excluding that end), else an error naming the range.
+bool check_real(validator& v, const std::string& key, double x, double lo, double hi, bool lo_open = false,
+                bool hi_open = false, const std::string& hint = "");
+/// A value that becomes one path component (a directory or file name): 1 to 128 of letters, digits, '-', '_' and
+/// '.', not starting with '.'. `what` names it ("run id").
+bool check_path_component(validator& v, const std::string& key, const std::string& value, const std::string& what);
+/// Integers as written in messages: 1099511627776 -> "2^40" when a power of two above 2^16, else decimal.
+std::string fmt_bound(int64_t x);
 
 inline std::string url_scheme(const std::string& url) {
   auto p = url.find("://");

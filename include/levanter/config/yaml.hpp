@@ -164,6 +164,20 @@ std::optional<dtype> parse_dtype(const std::string& s);
 
 std::string dtype_name(dtype d);
 
+/// Why a number read from a config cannot be used ("" when it can): infinity and NaN are refused.
+std::string number_problem(double v);
+
+/// Why a duration cannot be used ("" when it can): negative, infinite, or longer than 3650 days.
+std::string duration_problem(double seconds);
+
+/// Why a string value cannot be used ("" when it can): text that the resolved config.yaml could not hold
+/// (control characters other than tab/newline, invalid UTF-8).
+std::string string_problem(const std::string& s);
+
+/// An Opaque sub-tree as one line of flow YAML, and back.
+std::string opaque_text(const YAML::Node& node);
+YAML::Node load_opaque(const std::string& text);
+
 /// jmp.get_policy: a single dtype sets all three; otherwise p/params, c/compute, o/output with compute defaulting to
 /// params and output to compute.
 std::optional<MpPolicy> parse_mp_policy(const std::string& s, std::string& why);
@@ -306,10 +320,7 @@ void decode_into(const YAML::Node& node, T& out, const std::string& path, decode
       out = Opaque{};
     } else {
       out.set = true;
-      YAML::Emitter e;
-      e << YAML::Flow;
-      emit(e, node);
-      out.yaml = e.c_str();
+      out.yaml = opaque_text(node);
       out.where = ctx.where(path, node);
     }
   } else if constexpr (std::is_same_v<T, bool>) {
@@ -327,14 +338,16 @@ void decode_into(const YAML::Node& node, T& out, const std::string& path, decode
     }
   } else if constexpr (std::is_floating_point_v<T>) {
     auto v = node.IsScalar() ? parse_double(s) : std::nullopt;
-    if (v) out = T(*v);
+    if (v && !number_problem(*v).empty()) ctx.fail(path, node, number_problem(*v));
+    else if (v) out = T(*v);
     else ctx.wrong_type(path, node, "a number");
   } else if constexpr (std::is_same_v<T, std::string>) {
-    if (node.IsScalar()) out = s;
+    if (node.IsScalar() && !string_problem(s).empty()) ctx.fail(path, node, string_problem(s));
+    else if (node.IsScalar()) out = s;
     else ctx.wrong_type(path, node, "a string");
   } else if constexpr (std::is_same_v<T, Duration>) {
     auto v = node.IsScalar() ? parse_duration(s) : std::nullopt;
-    if (v && v->seconds < 0) ctx.fail(path, node, "a duration cannot be negative");
+    if (v && !duration_problem(v->seconds).empty()) ctx.fail(path, node, duration_problem(v->seconds));
     else if (v) out = *v;
     else ctx.wrong_type(path, node, "a duration (e.g. 30s, 5m, 15min, 1h, 2d, or seconds)");
   } else if constexpr (std::is_same_v<T, MpPolicy>) {
@@ -374,7 +387,8 @@ void decode_into(const YAML::Node& node, T& out, const std::string& path, decode
   } else if constexpr (std::is_same_v<T, NumberOrList>) {
     if (node.IsScalar()) {
       auto v = parse_double(s);
-      if (v) out = NumberOrList{*v, {}};
+      if (v && !number_problem(*v).empty()) ctx.fail(path, node, number_problem(*v));
+      else if (v) out = NumberOrList{*v, {}};
       else ctx.wrong_type(path, node, "a number or a list of integers");
     } else if (node.IsSequence()) {
       NumberOrList v;
@@ -472,7 +486,7 @@ YAML::Node encode(const T& x) {
   if constexpr (is_optional<T>::value) {
     return x ? encode(*x) : YAML::Node(YAML::NodeType::Null);
   } else if constexpr (std::is_same_v<T, Opaque>) {
-    return x.set ? YAML::Load(x.yaml) : YAML::Node(YAML::NodeType::Null);
+    return x.set ? load_opaque(x.yaml) : YAML::Node(YAML::NodeType::Null);
   } else if constexpr (std::is_same_v<T, bool>) {
     return plain_node(x ? "true" : "false");
   } else if constexpr (integer<T>) {

@@ -28,7 +28,7 @@ struct CacheOptionsConfig {
   std::string target_size_per_flush = "512MB";  ///< a commit also ends at this much raw input
   int64_t batch_size = 1024;                    ///< documents per commit (upstream: 128 per tokenizer call)
   int64_t num_threads = 0;                      ///< tokenizing threads (0: one per core)
-  /// target_size_per_flush in bytes ("512MB", "1GiB", "65536"); -1 when it does not parse.
+  /// target_size_per_flush in bytes ("512MB", "1GiB", "65536"); -1 when it does not parse or is not in [1, 2^50].
   int64_t target_size_bytes() const {
     std::size_t i = 0;
     while (i < target_size_per_flush.size() && (std::isdigit(static_cast<unsigned char>(target_size_per_flush[i])) ||
@@ -43,7 +43,10 @@ struct CacheOptionsConfig {
                                                      {"GB", 1e9},   {"K", 1e3},         {"M", 1e6},      {"G", 1e9},
                                                      {"KIB", 1024}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
     for (const auto& [u, m] : units)
-      if (unit == u) return static_cast<int64_t>(v * m);
+      if (unit == u) {
+        const double bytes = v * m;  // at most 2^50 (1 PiB): anything larger is not a flush size
+        return bytes >= 1 && bytes <= 1125899906842624.0 ? static_cast<int64_t>(bytes) : -1;
+      }
     return -1;
   }
 };

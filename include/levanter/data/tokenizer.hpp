@@ -5,13 +5,24 @@
 // Supported (anything else is refused with a data_error naming the file, the key and the value):
 //   model      BPE: vocab, merges ("a b" strings or [a, b] pairs), unk_token, fuse_unk, byte_fallback,
 //              ignore_merges; continuing_subword_prefix / end_of_word_suffix null or "", dropout null.
-//   normalizer null, Prepend, Replace (String pattern), Sequence of those.
+//   normalizer null, Prepend, Replace (String pattern: one pass over non-overlapping matches; an empty pattern
+//              matches at every character boundary, as the library's), Sequence of those.
 //   pre_tok.   null, ByteLevel (GPT-2 regex or none; last step only), Metaspace, Split with a String pattern or
 //              one of the known regexes (GPT-2, Llama 3, Qwen 2; hand-written scanners with the regex engine's
 //              leftmost-alternative semantics), Sequence of those.
 //   post_proc. null, ByteLevel, TemplateProcessing, RobertaProcessing, BertProcessing, Sequence of those.
 //   decoder    null, ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence of those.
-//   added_tokens with special, lstrip, rstrip, single_word, normalized (split first, longest match).
+//   added_tokens with special, lstrip, rstrip, single_word, normalized: as the library's AddedVocabulary, matched
+//              leftmost-longest, the non-normalized ones in the raw text first, then the normalized ones in the
+//              normalized text; empty ones are ignored, and a later entry with the same content replaces the
+//              earlier one's flags. (Two tokens that match the same text, e.g. "A" and "a" under a lower-casing
+//              normalizer, are matched as the lower id here; the library's choice varies from run to run.)
+//
+// Limits on hostile files (each refused with a data_error naming the file, the key and the value): JSON nested
+// deeper than 512 levels, Sequences nested deeper than 64 or more than 1024 components in one pipeline, ids
+// outside [0, 2^31-1] or more than 2^20 past the number of tokens, more than 4096 post-processor special tokens.
+// A normalizer or decoder that grows a text past 64 times its length + 1 MiB (e.g. chained Replace "a" -> "aa")
+// throws data_error from encode/decode.
 //
 // Unicode classes (\p{L}, \p{N}, \s) come from unicode_tables.hpp (data in src/data/unicode_tables.cpp): Unicode 16.0,
 // the version of the library's regex engine (checked code point by code point). `single_word` added tokens approximate
@@ -50,6 +61,10 @@ class tokenizer {
   /// Loads a tokenizer.json (or a directory holding one). Throws data_error naming the file and the unsupported
   /// key/value for anything this port does not implement.
   static tokenizer from_file(const std::string& path);
+
+  /// Loads the text of a tokenizer.json held in memory; `name` stands for the file in messages and is name().
+  /// BOS/EOS come from the well-known token names (there is no tokenizer_config.json beside it).
+  static tokenizer from_json(std::string_view json, const std::string& name = "tokenizer.json (in memory)");
 
   /// The embedded default: ids 0..255 are the UTF-8 bytes, 256 is EOS ("byte"); vocab 257.
   static tokenizer byte_level();

@@ -152,7 +152,7 @@ void import_hf_to_lm_with(const ImportHfConfig& cfg, const hf::hf_dir& d, const 
     else
       hf::check_matches<M>(mc, d, "hf_checkpoint '" + cfg.hf_checkpoint + "'");
     auto model = M::init(mc, d.vocab_size, haliax::random::make_key(0));
-    hf::load(d, model);
+    hf::load(d, model, mc);
     ImportHfConfig with_model = cfg;
     with_model.model = as_model_choice(mc);
     auto files = checkpoint::train_state_files<M>(model, nullptr, 0, haliax::random::key{}, 0, "");

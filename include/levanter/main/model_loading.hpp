@@ -57,7 +57,7 @@ loaded_lm<M> load_lm_from_hf(const hf::hf_dir& d, const typename M::config_type&
   if constexpr (hf::HfConvertible<M>) {
     const auto mc = hf::config_from_hf<M>(base, d);
     loaded_lm<M> out{M::init(mc, d.vocab_size, haliax::random::make_key(0)), mc, d.dir, std::nullopt};
-    hf::load(d, out.model);
+    hf::load(d, out.model, mc);
     return out;
   } else {
     throw hf::error("model type '" + std::string(M::config_type::type_name) + "' has no Hugging Face adapter");

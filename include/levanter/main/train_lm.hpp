@@ -128,7 +128,7 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
         throw checkpoint::error("initialize_from_checkpoint_path: there is no checkpoint under '" +
                                 *cfg.initialize_from_checkpoint_path + "'");
     } else if (hf_init) {
-      if constexpr (hf::HfConvertible<M>) hf::load(*hf_init, state.model);
+      if constexpr (hf::HfConvertible<M>) hf::load(*hf_init, state.model, mc);
       log("model initialised from the Hugging Face checkpoint " + hf_init->dir);
     }
   }

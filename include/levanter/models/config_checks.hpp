@@ -11,21 +11,18 @@ namespace levanter {
 
 template <class C>
 void validate_shared_model_keys(config::validator& v, const C& m) {
-  using config::fmt_num;
-  if (!(m.layer_norm_epsilon > 0))
-    v.error("model.layer_norm_epsilon", "must be positive (got " + fmt_num(m.layer_norm_epsilon) + ")");
-  if (!(m.initializer_range >= 0))
-    v.error("model.initializer_range", "must be >= 0 (got " + fmt_num(m.initializer_range) + ")");
+  config::check_real(v, "model.layer_norm_epsilon", m.layer_norm_epsilon, 0, 1, true, false);
+  config::check_real(v, "model.initializer_range", m.initializer_range, 0, 10);
   if (!haliax::nn::find_activation(m.activation_function))
     v.error("model.activation_function",
             "unknown activation '" + m.activation_function + "'; use one of " + haliax::nn::activation_names());
   if (m.attn_backend && *m.attn_backend != "default" && *m.attn_backend != "jax_flash" && *m.attn_backend != "vanilla")
     v.refuse("model.attn_backend", "attention backend '" + *m.attn_backend + "' is not supported",
              "use default or jax_flash (blocked attention) or vanilla");
-  if (m.flash_attention_block_size && *m.flash_attention_block_size <= 0)
-    v.error("model.flash_attention_block_size", "must be positive");
-  if (m.cross_entropy_block_size && *m.cross_entropy_block_size <= 0)
-    v.error("model.cross_entropy_block_size", "must be positive");
+  if (m.flash_attention_block_size)
+    config::check_int(v, "model.flash_attention_block_size", *m.flash_attention_block_size, 1, config::bounds::max_seq_len);
+  if (m.cross_entropy_block_size)
+    config::check_int(v, "model.cross_entropy_block_size", *m.cross_entropy_block_size, 1, config::bounds::max_vocab);
 }
 
 }  // namespace levanter

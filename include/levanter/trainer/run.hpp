@@ -19,6 +19,7 @@
 #include <string>
 
 #include <levanter/config/types.hpp>
+#include <levanter/io/dir_lock.hpp>
 #include <levanter/tracker/tracker.hpp>
 #include <levanter/trainer/config.hpp>
 
@@ -95,6 +96,7 @@ class run_context {
   std::string id_, yaml_, program_;
   bool id_given_ = false;
   std::filesystem::path dir_;
+  io::dir_lock lock_;  ///< one process per run directory
   std::unique_ptr<levanter::tracker> trk_;
   std::ostream& out_;
   std::ofstream log_file_;
