@@ -705,7 +705,7 @@ TEST_CASE("yaml limits: nesting deeper than 64 levels is refused, in the file, a
   CHECK_MESSAGE(contains(e, "command line (--data.tags)"), e);
 }
 
-TEST_CASE("include: only regular files of at most 16 MiB; the including file is named") {
+TEST_CASE("include: only regular files of at most 16 MiB, and the including file is named") {
   temp_dir d("include_files");
   fs::create_directories(d.path / "adir");
   const std::vector<std::pair<std::string, std::string>> cases = {
