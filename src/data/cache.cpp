@@ -172,6 +172,12 @@ std::string short_json(const nlohmann::json* j) { return j ? j->dump() : std::st
 }  // namespace
 }  // namespace detail
 
+// Another builder holds the cache's lock (other_process: not this process's own open cache).
+struct cache_busy : data_error {
+  cache_busy(const std::string& m, bool other) : data_error(m), other_process(other) {}
+  bool other_process;
+};
+
 // The whole cache: files, ledger and the build's threads. A member of token_cache so that destroying it (also when
 // opening fails) stops and joins the threads before the files close.
 struct token_cache::state {
@@ -346,10 +352,22 @@ struct token_cache::state {
     const std::string ledger_path = dir_ + "/shard_ledger.json";
     if (!done) {
       lock_fd_ = ::open((dir_ + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
-        throw data_error("cache '" + dir_ +
-                         "' is being built by another process (or another open cache object); wait "
-                         "for it or use another cache_dir");
+      if (lock_fd_ < 0) throw data_error("cache '" + dir_ + "': cannot create its lock file (" + std::strerror(errno) + ")");
+      if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+        char buf[64] = {};
+        const auto n = ::pread(lock_fd_, buf, sizeof buf - 1, 0);
+        const bool ours = n > 0 && std::string(buf, static_cast<std::size_t>(n)) == std::to_string(::getpid()) + "\n";
+        throw cache_busy("cache '" + dir_ + "' is being built by " +
+                             (ours ? std::string("another open cache object of this process")
+                                   : std::string("another process")) +
+                             "; wait for it or use another cache_dir",
+                         !ours);
+      }
+      // The builder's pid, so that this process can tell its own lock from another's.
+      const std::string me = std::to_string(::getpid()) + "\n";
+      if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, me.data(), me.size(), 0) < 0) {
+        // only informative
+      }
     }
     data_fd_ = ::open(data_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
     offsets_fd_ = ::open(offsets_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
@@ -654,6 +672,8 @@ struct token_cache::state {
       std::lock_guard lk(mu_);
       finished_.store(true, std::memory_order_release);
     }
+    // Finished: nothing more is written, so processes waiting to read the cache may open it now.
+    if (lock_fd_ >= 0) ::flock(lock_fd_, LOCK_UN);
     commit_cv_.notify_all();
   }
 
@@ -745,7 +765,23 @@ std::shared_ptr<token_cache> open_or_build_cache(const std::string& split_dir, c
                                                  const source_options& src, encode_fn encode,
                                                  const nlohmann::json& preprocessor_metadata,
                                                  const cache_options& opts) {
-  return std::make_shared<token_cache>(split_dir, files, src, std::move(encode), preprocessor_metadata, opts);
+  for (bool said = false;;) {
+    try {
+      return std::make_shared<token_cache>(split_dir, files, src, encode, preprocessor_metadata, opts);
+    } catch (const cache_busy& busy) {
+      if (!busy.other_process || !opts.wait_for_builder) throw data_error(busy.what());
+      // One builder per cache: wait until the other process finishes (or dies: the kernel releases its lock),
+      // then open again, finding the cache finished (or resumable).
+      if (!said && opts.log) opts.log("cache " + split_dir + " is being built by another process; waiting for it");
+      said = true;
+      const int fd = ::open((split_dir + "/.lock").c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) continue;
+      while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+      }
+      ::flock(fd, LOCK_UN);
+      ::close(fd);
+    }
+  }
 }
 
 }  // namespace levanter::data

@@ -133,6 +133,7 @@ lm_data::lm_data(const LmDataConfig& d, const options& o) : tok_(make_tokenizer(
   co.num_threads = static_cast<int>(d.cache_options.num_threads);
   co.docs_per_chunk = d.cache_options.batch_size;
   co.bytes_per_chunk = d.cache_options.target_size_bytes();
+  co.log = o.log;
   const auto meta = tokenizer_metadata(tok_, true, d.enforce_eos);
   const auto encode = make_encode_fn(tok_, true, d.enforce_eos);
   auto open = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {

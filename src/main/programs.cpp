@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include <levanter/checkpoint/checkpointer.hpp>
 #include <levanter/compat/hf.hpp>
 #include <levanter/config/yaml.hpp>
 #include <levanter/data/error.hpp>
+#include <levanter/distributed/comm.hpp>
 #include <levanter/io/atomic_file.hpp>
 #include <levanter/trainer/run.hpp>
 #include <levanter/viz/logprobs_html.hpp>
@@ -35,6 +37,8 @@ bool cpu_has_avx512() {
 
 void maybe_relaunch_for_openblas(char** argv, std::string_view program) {
   if (std::getenv("LEVANTER_KEEP_OPENBLAS_CORE") || std::getenv("LEVANTER_RELAUNCHED")) return;
+  // Under mpirun the launcher owns the process: set OPENBLAS_CORETYPE in mpirun's environment (-x) instead.
+  if (distributed::launched_by_mpi()) return;
   const std::string core = openblas_core();
   if (!cpu_has_avx512() || (core != "Haswell" && core != "Zen" && core != "Sandybridge")) return;
   ::setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
@@ -46,6 +50,37 @@ void maybe_relaunch_for_openblas(char** argv, std::string_view program) {
   std::cerr << program << ": re-launch failed (" << std::strerror(errno) << "); continuing with " << core << std::endl;
 }
 
+namespace {
+// The message and exit code for the exception being handled.
+std::pair<std::string, int> describe_failure(const std::string& p) {
+  try {
+    throw;
+  } catch (const config::config_error& e) {
+    return {p + ": config error: " + e.what(), 2};
+  } catch (const data::data_error& e) {
+    return {p + ": data error: " + e.what(), 3};
+  } catch (const training_error& e) {
+    return {p + ": stopped: " + e.what(), 4};
+  } catch (const checkpoint::error& e) {
+    return {p + ": checkpoint error: " + e.what(), 5};
+  } catch (const hf::error& e) {
+    return {p + ": Hugging Face checkpoint error: " + e.what(), 5};
+  } catch (const safetensors::format_error& e) {
+    return {p + ": safetensors error: " + e.what(), 5};
+  } catch (const io::io_error& e) {
+    return {p + ": cannot write: " + e.what(), 5};
+  } catch (const std::filesystem::filesystem_error& e) {
+    return {p + ": file system error: " + e.what(), 5};
+  } catch (const viz::viz_error& e) {
+    return {p + ": " + e.what(), 1};
+  } catch (const distributed::comm_error& e) {
+    return {p + ": distributed error: " + e.what(), 6};
+  } catch (const std::exception& e) {
+    return {p + ": error: " + e.what(), 1};
+  }
+}
+}  // namespace
+
 int run_program(std::string_view program, const std::function<int()>& body) {
   const std::string p(program);
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which is reported like a full disk, instead of
@@ -53,36 +88,16 @@ int run_program(std::string_view program, const std::function<int()>& body) {
   std::signal(SIGXFSZ, SIG_IGN);
   try {
     return body();
-  } catch (const config::config_error& e) {
-    std::cerr << p << ": config error: " << e.what() << "\n";
-    return 2;
-  } catch (const data::data_error& e) {
-    std::cerr << p << ": data error: " << e.what() << "\n";
-    return 3;
-  } catch (const training_error& e) {
-    std::cerr << p << ": stopped: " << e.what() << "\n";
-    return 4;
-  } catch (const checkpoint::error& e) {
-    std::cerr << p << ": checkpoint error: " << e.what() << "\n";
-    return 5;
-  } catch (const hf::error& e) {
-    std::cerr << p << ": Hugging Face checkpoint error: " << e.what() << "\n";
-    return 5;
-  } catch (const safetensors::format_error& e) {
-    std::cerr << p << ": safetensors error: " << e.what() << "\n";
-    return 5;
-  } catch (const io::io_error& e) {
-    std::cerr << p << ": cannot write: " << e.what() << "\n";
-    return 5;
-  } catch (const std::filesystem::filesystem_error& e) {
-    std::cerr << p << ": file system error: " << e.what() << "\n";
-    return 5;
-  } catch (const viz::viz_error& e) {
-    std::cerr << p << ": " << e.what() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << p << ": error: " << e.what() << "\n";
-    return 1;
+  } catch (...) {
+    auto [message, code] = describe_failure(p);
+    auto& w = distributed::world();
+    // One rank failing ends the job: the others would otherwise wait forever in their next collective.
+    if (w.size() > 1)
+      w.abort_job(message + " [rank " + std::to_string(w.rank()) + " of " + std::to_string(w.size()) +
+                      "; ending the job]",
+                  code);
+    std::cerr << message << "\n";
+    return code;
   }
 }
 

@@ -1,7 +1,10 @@
 // levanter/main/train_lm.hpp: the train_lm program's driver, its config checks and its model-independent helpers.
 #include <levanter/main/train_lm.hpp>
 
+#include <exception>
 #include <iostream>
+
+#include <levanter/distributed/comm.hpp>
 
 #include <levanter/main/programs.hpp>
 
@@ -107,21 +110,34 @@ std::string describe_run(std::string_view model_type, std::int64_t parameters, s
 
 int train_lm_main(int argc, char** argv, const char* default_yaml, const char* default_name) {
   return run_program("train_lm", [&] {
+    // Under mpirun: MPI, and each rank's share of the node's cores (docs/distributed.md).
+    distributed::init_world(&argc, &argv);
+    struct finalize {
+      ~finalize() {
+        if (std::uncaught_exceptions() == 0) distributed::finalize_world();
+      }
+    } at_end;
     auto parsed = config::parse_command_line<TrainLmConfig>(argc, argv, default_yaml, default_name);
     if (parsed.help) {
-      std::cout << config::help_text<TrainLmConfig>("train_lm");
+      if (distributed::world().rank() == 0) std::cout << config::help_text<TrainLmConfig>("train_lm");
       return 0;
     }
     const auto checked = validate_train_lm(parsed.config, parsed.sources);
-    for (const auto& n : checked.notes) std::cerr << "train_lm: note: " << n << "\n";
+    const bool r0 = distributed::world().rank() == 0;  // the ranks see the same config: one of them speaks
+    if (r0)
+      for (const auto& n : checked.notes) std::cerr << "train_lm: note: " << n << "\n";
     if (!checked.errors.empty()) {
-      std::cerr << "train_lm: the config cannot be used as it is (" << parsed.config_path << "):\n";
-      for (const auto& e : checked.errors) std::cerr << "  - " << e << "\n";
+      if (r0) {
+        std::cerr << "train_lm: the config cannot be used as it is (" << parsed.config_path << "):\n";
+        for (const auto& e : checked.errors) std::cerr << "  - " << e << "\n";
+      }
       return 2;
     }
     if (parsed.dry_run) {
-      std::cout << parsed.resolved_yaml;
-      std::cerr << "train_lm: config resolved and valid (--dry_run: not training)\n";
+      if (r0) {
+        std::cout << parsed.resolved_yaml;
+        std::cerr << "train_lm: config resolved and valid (--dry_run: not training)\n";
+      }
       return 0;
     }
     with_model(parsed.config.model, [&]<class M>(std::type_identity<M>, const typename M::config_type& mc) {

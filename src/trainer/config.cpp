@@ -68,10 +68,10 @@ void validate(config::validator& v, const TrainerConfig& t) {
              "set shutdown_at_exit: false");
   if (t.model_axis_size > 1)
     v.refuse("trainer.model_axis_size", "tensor parallelism (model_axis_size " + std::to_string(t.model_axis_size) +
-             ") is not supported yet (distribution arrives later)", "use model_axis_size: 1");
+             ") is not implemented (ranks split the batch; docs/distributed.md)", "use model_axis_size: 1");
   if (t.model_axis_size <= 0) v.error("trainer.model_axis_size", "must be positive; use 1");
   if (t.replica_ici_axis_size != 1)
-    v.refuse("trainer.replica_ici_axis_size", "replica mesh axes are not supported yet (distribution arrives later)",
+    v.refuse("trainer.replica_ici_axis_size", "replica mesh axes are not implemented (docs/distributed.md)",
              "use replica_ici_axis_size: 1");
   if (t.replica_dcn_axis_size != 1 && t.replica_dcn_axis_size != -1)
     v.refuse("trainer.replica_dcn_axis_size", "multi-slice replicas are not supported yet",

@@ -160,10 +160,17 @@ std::unique_ptr<tracker> make_tracker(const config::OneOrMany<TrackerChoice>& ch
 }
 
 run_context::run_context(const TrainerConfig& t, std::string resolved_yaml, std::ostream& out,
-                         const std::string& program)
-    : id_(resolve_run_id(t.id)), yaml_(std::move(resolved_yaml)), program_(program), out_(out) {
+                         const std::string& program, distributed::communicator& comm)
+    : yaml_(std::move(resolved_yaml)), program_(program), out_(out) {
+  writer_ = comm.rank() == 0;
+  // Rank 0 chooses (a random id differs per process); a failure there ends the job before the others use it.
+  id_ = distributed::broadcast_string(comm, writer_ ? resolve_run_id(t.id) : std::string());
   id_given_ = (t.id && !t.id->empty()) || (std::getenv("RUN_ID") && *std::getenv("RUN_ID"));
   dir_ = std::filesystem::path(t.log_dir) / id_;
+  if (!writer_) {
+    trk_ = std::make_unique<noop_tracker>();
+    return;
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   if (ec) throw config::config_error("trainer.log_dir: cannot create the run directory '" + dir_.string() + "' (" +
@@ -185,6 +192,7 @@ run_context::run_context(const TrainerConfig& t, std::string resolved_yaml, std:
 }
 
 void run_context::say(const std::string& line) {
+  if (!writer_) return;
   std::lock_guard lk(mu_);
   out_ << line << std::endl;
   log_file_ << line << std::endl;

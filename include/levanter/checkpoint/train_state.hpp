@@ -30,7 +30,7 @@ std::vector<named_file> train_state_files(const M& model, const optim::optimizer
   files.back().data.add_tree("", model);
   if (opt) {
     files.push_back({"opt_state.h5", {}, {}});
-    opt->save_state(files.back().data);
+    opt->save_state(files.back().data, model);
   }
   files.push_back({"training_state.h5", {}, {}});
   auto& t = files.back().data;
@@ -66,7 +66,7 @@ loaded_state load_train_state(const checkpoint_info& info, M& model, optim::opti
   const fs::path opt_path = info.path / "opt_state.h5";
   if (opt && fs::exists(opt_path)) {
     reader r(opt_path.string());
-    auto m = opt->load_state(r, allow_partial);
+    auto m = opt->load_state(r, allow_partial, model);
     out.missing.insert(out.missing.end(), m.begin(), m.end());
     out.had_opt_state = true;
   }

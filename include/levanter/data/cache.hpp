@@ -40,6 +40,10 @@ struct cache_options {
   std::int64_t docs_per_chunk = 1024;       ///< documents per work unit and commit (upstream `batch_size`)
   std::int64_t bytes_per_chunk = 32 << 20;  ///< a chunk also ends at this much raw input (`target_size_per_flush`)
   bool fsync = true;                        ///< sync data, offsets, ledger (and its directory) at each commit
+  /// When another process is building the cache: wait for it to finish (then read what it built) instead of
+  /// failing. One builder per cache, whatever the number of processes (e.g. the ranks of an mpirun job).
+  bool wait_for_builder = true;
+  std::function<void(const std::string&)> log;  ///< says when it waits
 };
 
 /// The function that turns a document into its row of tokens; called from several threads at once.

@@ -115,7 +115,7 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
       trainer_options{3.0 * mc.flops_per_token(vocab), static_cast<std::int64_t>(mc.seq_len),
                       checkpoint_policy_of(mc)});
   M fresh = M::init(mc, vocab, model_key);
-  auto opt = optim::make_optimizer(cfg.optimizer, t.num_train_steps, fresh);
+  auto opt = trainer.make_optimizer(cfg.optimizer, fresh);
   train_state<M> state = trainer.initial_state(std::move(fresh), std::move(opt), training_key);
   if (!trainer.resumed_from()) {
     if (cfg.initialize_from_checkpoint_path) {
@@ -135,7 +135,7 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
   if (!run.id_given()) log("to resume this run after an interruption, run it again with --trainer.id " + run.id());
 
   const json metadata = run_metadata();
-  io::write_file_atomic(run.dir() / "run_metadata.json", metadata.dump(2) + "\n");
+  if (run.writer()) io::write_file_atomic(run.dir() / "run_metadata.json", metadata.dump(2) + "\n");
   {
     json hparams = config_to_json(resolved_yaml);
     hparams["run_metadata"] = metadata;
@@ -197,9 +197,13 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
   }
   for (const auto& h : hooks) trainer.add_hook(h);
 
+  if (trainer.comm().size() > 1) {
+    log(trainer.plan().describe() + " (" + trainer.comm().backend() + ")");
+    for (const auto& n : trainer.plan().notes) log("note: " + n);
+  }
   log("OpenBLAS core " + openblas_core() + ", " + std::to_string(haliax::num_threads()) +
-      " threads, measured GEMM peak " + std::to_string(static_cast<long long>(trainer.peak_flops() / 1e9)) +
-      " GFLOP/s");
+      " threads" + (trainer.comm().size() > 1 ? " per rank" : "") + ", measured GEMM peak " +
+      std::to_string(static_cast<long long>(trainer.peak_flops() / 1e9)) + " GFLOP/s");
   const std::int64_t seq_len = mc.seq_len;
   auto res = trainer.train(state, [&](std::int64_t first, std::int64_t count) {
     return detail::training_batch(data, first, count, seq_len, eos, ignore);
@@ -214,14 +218,15 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
                   {"seconds", res.seconds},
                   {"tokens_per_second", res.seconds > 0 ? double(res.tokens) / res.seconds : 0.0},
                   {"openblas_core", openblas_core()},
-                  {"threads", haliax::num_threads()}};
+                  {"threads", haliax::num_threads()},
+                  {"ranks", trainer.comm().size()}};
   if (eval_loss) summary["eval_loss"] = *eval_loss;
   if (res.start_step > 0) summary["start_step"] = res.start_step;
   if (res.resumed_from) summary["resumed_from"] = *res.resumed_from;
   if (res.last_checkpoint) summary["checkpoint"] = *res.last_checkpoint;
   run.tracker().log_summary(summary);
   run.tracker().finish();
-  io::write_file_atomic(run.dir() / "summary.json", summary.dump(2) + "\n");
+  if (run.writer()) io::write_file_atomic(run.dir() / "summary.json", summary.dump(2) + "\n");
   log("done, " + std::to_string(res.steps) + " steps in " + human_duration(res.seconds) + ", loss " +
       std::to_string(res.first_loss) + " -> " + std::to_string(res.final_loss) + "; summary in " +
       (run.dir() / "summary.json").string());

@@ -36,6 +36,7 @@
 #include <haliax/core.hpp>
 #include <haliax/detail/thread_pool.hpp>
 #include <haliax/tree.hpp>
+#include <levanter/distributed/comm.hpp>
 
 #include "config.hpp"
 #include "schedule.hpp"
@@ -98,6 +99,22 @@ struct adamw_state {
   rolling_window skip_grad_norms;
   rolling_window update_norms;   ///< clip_update_norm history (unclipped norms of applied steps)
   std::vector<char> decay_mask;  ///< per leaf in tree order: weight decay applies
+  /// Sharded state (ZeRO-1): the moments of this rank's range [flat_lo, flat_lo + size) of the parameters
+  /// flattened in tree order; `mu` and `nu` are then empty trees.
+  std::vector<float> mu_flat, nu_flat;
+  int64_t flat_lo = 0;
+  bool sharded() const { return !mu_flat.empty() || flat_lo != 0; }
+};
+
+/// How AdamW's work is split over ranks (ZeRO-1): rank r updates the parameters of its range
+/// [bounds[r], bounds[r+1]) of the flattened parameters and keeps only their moments; the ranges fall on AdamW's
+/// chunk boundaries, so every chunk is computed exactly as on one rank, and the norms are summed over all chunks in
+/// chunk order: the result does not depend on the rank count.
+struct shard {
+  distributed::communicator* comm = nullptr;
+  std::vector<int64_t> bounds;
+  int64_t lo() const { return bounds[static_cast<std::size_t>(comm->rank())]; }
+  int64_t hi() const { return bounds[static_cast<std::size_t>(comm->rank()) + 1]; }
 };
 
 /// What one `adamw::update` did.
@@ -127,12 +144,47 @@ struct chunk {
   std::size_t leaf;
   std::size_t slice;  // global slice index
   int64_t begin, end;
+  int64_t flat;  // offset of `begin` in the parameters flattened in tree order
 };
+
+// The parameters' leaves (pointers to p only) in tree order.
+template <class M>
+std::vector<leaf_ref> param_leaves(M& params);
+
+// Fixed chunks that never straddle a slice, so per-slice sums are chunk sums in order.
+inline std::vector<chunk> make_chunks(const std::vector<leaf_ref>& leaves, std::size_t* slices = nullptr) {
+  std::vector<chunk> chunks;
+  std::size_t gs = 0;
+  int64_t off = 0;
+  for (std::size_t li = 0; li < leaves.size(); ++li) {
+    const auto& l = leaves[li];
+    const int64_t per = l.n / l.slices;
+    for (int64_t s = 0; s < l.slices; ++s, ++gs)
+      for (int64_t b = s * per; b < (s + 1) * per; b += chunk_elems)
+        chunks.push_back({li, gs, b, std::min(b + chunk_elems, (s + 1) * per), off + b});
+    off += l.n;
+  }
+  if (slices) *slices = gs;
+  return chunks;
+}
 
 template <class L>
 void check_float_leaf() {
   static_assert(std::is_same_v<typename std::remove_cvref_t<L>::value_type, float>,
                 "levanter::optim::adamw: every parameter leaf must be a float32 named_array");
+}
+
+template <class M>
+std::vector<leaf_ref> param_leaves(M& params) {
+  std::vector<leaf_ref> leaves;
+  for_each_leaf_info(params, [&](const leaf_info& info, auto& p) {
+    check_float_leaf<decltype(p)>();
+    int64_t slices = 1;
+    for (int k = 0; k < info.stacked_depth && k < static_cast<int>(p.sizes().size()); ++k) slices *= p.sizes()[k];
+    leaves.push_back({const_cast<float*>(p.data()), nullptr, nullptr, nullptr, p.element_count(),
+                      std::max<int64_t>(slices, 1), false, info.path});
+  });
+  return leaves;
 }
 
 // Per-element constants of one update, all in float as optax computes them.
@@ -264,19 +316,19 @@ class adamw {
   /// The resolved skip_bad_steps configuration (nullopt: no skipping).
   const std::optional<SkipStepConfig>& skip_config() const { return skip_; }
 
-  /// Zero moments shaped like `params`, zero counts, empty histories and the weight-decay mask.
+  /// Zero moments shaped like `params`, zero counts, empty histories and the weight-decay mask. With `sh`, only
+  /// this rank's range of the moments is kept (flat).
   template <class M>
-  adamw_state<M> init(const M& params) const {
+  adamw_state<M> init(const M& params, const shard* sh = nullptr) const {
     adamw_state<M> st;
-    auto zeros_like = [](const std::string&, const auto& p) {
-      detail::adamw::check_float_leaf<decltype(p)>();
-      auto z = std::remove_cvref_t<decltype(p)>::allocate(p.sizes(), "levanter::optim::adamw::moment");
-      std::fill_n(z.data(), z.element_count(), 0.0f);
-      z.set_sharding(p.sharding());
-      return z;
-    };
-    st.mu = haliax::tree::map(params, zeros_like);
-    st.nu = haliax::tree::map(params, zeros_like);
+    if (sh) {
+      st.flat_lo = sh->lo();
+      st.mu_flat.assign(static_cast<std::size_t>(sh->hi() - sh->lo()), 0.0f);
+      st.nu_flat.assign(st.mu_flat.size(), 0.0f);
+    } else {
+      st.mu = zeros_like(params);
+      st.nu = zeros_like(params);
+    }
     if (skip_) {
       st.skip_losses = rolling_window::with_capacity(skip_->rolling_interval_length);
       st.skip_grad_norms = rolling_window::with_capacity(skip_->rolling_interval_length);
@@ -289,25 +341,60 @@ class adamw {
     return st;
   }
 
+  /// A tree of zeros shaped like `params`.
+  template <class M>
+  static M zeros_like(const M& params) {
+    return haliax::tree::map(params, [](const std::string&, const auto& p) {
+      detail::adamw::check_float_leaf<decltype(p)>();
+      auto z = std::remove_cvref_t<decltype(p)>::allocate(p.sizes(), "levanter::optim::adamw::moment");
+      std::fill_n(z.data(), z.element_count(), 0.0f);
+      z.set_sharding(p.sharding());
+      return z;
+    });
+  }
+
+  /// Rank ranges of the flattened parameters for `ranks` ranks, on chunk boundaries, each as close to an equal
+  /// share as the chunks allow.
+  template <class M>
+  static std::vector<int64_t> shard_bounds(const M& params, int ranks) {
+    const auto leaves = detail::adamw::param_leaves(const_cast<M&>(params));
+    const auto chunks = detail::adamw::make_chunks(leaves);
+    int64_t total = 0;
+    for (const auto& l : leaves) total += l.n;
+    std::vector<int64_t> b(static_cast<std::size_t>(ranks) + 1, total);
+    b[0] = 0;
+    std::size_t c = 0;
+    for (int r = 1; r < ranks; ++r) {
+      const int64_t target = total / ranks * r + (total % ranks) * r / ranks;
+      while (c < chunks.size() && chunks[c].flat < target) ++c;
+      // the chunk start nearest the target (the previous one when it is closer)
+      int64_t here = c < chunks.size() ? chunks[c].flat : total;
+      if (c > 0 && target - chunks[c - 1].flat < here - target) here = chunks[c - 1].flat;
+      b[static_cast<std::size_t>(r)] = std::max(here, b[static_cast<std::size_t>(r) - 1]);
+    }
+    return b;
+  }
+
   /// One optimizer step: `params += update(grads)`, in place; `loss` feeds skip_bad_steps (ignored otherwise).
   /// The learning rate is schedule(state.count); state.count advances on every call, skipped or not (the
   /// inject_hyperparams count sits outside upstream's skip wrapper), while the Adam moments, Adam's bias-correction
   /// count and the clip_update_norm history are left untouched by a skipped step.
+  ///
+  /// With `sh` (ZeRO-1; `state` initialised with the same shard): `grads` need to hold the reduced gradient only in
+  /// this rank's range; this rank updates that range of the parameters, the norms are gathered from every rank,
+  /// and the updated parameters are gathered so every rank ends with all of them, as on one rank.
   template <class M>
-  update_stats update(M& params, const M& grads, adamw_state<M>& state, double loss) const {
+  update_stats update(M& params, const M& grads, adamw_state<M>& state, double loss,
+                      const shard* sh = nullptr) const {
     namespace d = detail::adamw;
-    std::vector<d::leaf_ref> leaves;
-    for_each_leaf_info(params, [&](const leaf_info& info, auto& p) {
-      d::check_float_leaf<decltype(p)>();
-      int64_t slices = 1;
-      for (int k = 0; k < info.stacked_depth && k < static_cast<int>(p.sizes().size()); ++k) slices *= p.sizes()[k];
-      leaves.push_back({p.data(), nullptr, nullptr, nullptr, p.element_count(), std::max<int64_t>(slices, 1), false,
-                        info.path});
-    });
+    std::vector<d::leaf_ref> leaves = d::param_leaves(params);
     if (state.decay_mask.size() != leaves.size())
       throw std::invalid_argument("levanter::optim::adamw::update: the state was initialised for a different model (" +
                                   std::to_string(state.decay_mask.size()) + " leaves, the parameters have " +
                                   std::to_string(leaves.size()) + ")");
+    if ((sh != nullptr) != state.sharded() && !(sh && sh->lo() == sh->hi()))
+      throw std::invalid_argument("levanter::optim::adamw::update: the state was initialised " +
+                                  std::string(state.sharded() ? "with" : "without") + " a shard");
     auto attach = [&](const M& tree, const char* what, auto setter) {
       std::size_t i = 0;
       haliax::tree::for_each_leaf(tree, [&](const std::string& name, const auto& leaf) {
@@ -320,35 +407,53 @@ class adamw {
         throw haliax::shape_error("levanter::optim::adamw::update: " + std::string(what) + " has fewer leaves");
     };
     attach(grads, "gradient", [](d::leaf_ref& l, float* x) { l.g = x; });
-    attach(state.mu, "first moment", [](d::leaf_ref& l, float* x) { l.m = x; });
-    attach(state.nu, "second moment", [](d::leaf_ref& l, float* x) { l.v = x; });
+    if (!sh) {
+      attach(state.mu, "first moment", [](d::leaf_ref& l, float* x) { l.m = x; });
+      attach(state.nu, "second moment", [](d::leaf_ref& l, float* x) { l.v = x; });
+    }
     for (std::size_t i = 0; i < leaves.size(); ++i) leaves[i].decay = state.decay_mask[i] != 0;
 
-    // Fixed chunks that never straddle a slice, so per-slice sums are chunk sums in order.
-    std::vector<d::chunk> chunks;
-    std::vector<std::size_t> slice_leaf;
-    for (std::size_t li = 0; li < leaves.size(); ++li) {
-      const auto& l = leaves[li];
-      const int64_t per = l.n / l.slices;
-      for (int64_t s = 0; s < l.slices; ++s) {
-        const std::size_t gs = slice_leaf.size();
-        slice_leaf.push_back(li);
-        for (int64_t b = s * per; b < (s + 1) * per; b += d::chunk_elems)
-          chunks.push_back({li, gs, b, std::min(b + d::chunk_elems, (s + 1) * per)});
-      }
+    std::size_t num_slices = 0;
+    const std::vector<d::chunk> chunks = d::make_chunks(leaves, &num_slices);
+    // The chunks this rank computes: all of them, or those of its range.
+    std::size_t c_lo = 0, c_hi = chunks.size();
+    if (sh) {
+      while (c_lo < chunks.size() && chunks[c_lo].flat < sh->lo()) ++c_lo;
+      c_hi = c_lo;
+      while (c_hi < chunks.size() && chunks[c_hi].flat < sh->hi()) ++c_hi;
     }
+    const std::size_t mine = c_hi - c_lo;
+    // One chunk as a leaf_ref and a range: sharded moments live in the flat vectors.
+    auto ref = [&](std::size_t ci, int64_t& b, int64_t& e) {
+      const auto& ch = chunks[ci];
+      d::leaf_ref l = leaves[ch.leaf];
+      if (!sh) {
+        b = ch.begin, e = ch.end;
+        return l;
+      }
+      l.p += ch.begin;
+      l.g += ch.begin;
+      l.m = state.mu_flat.data() + (ch.flat - state.flat_lo);
+      l.v = state.nu_flat.data() + (ch.flat - state.flat_lo);
+      b = 0, e = ch.end - ch.begin;
+      return l;
+    };
+    // Per-chunk sums of this rank's chunks, then of every chunk in chunk order (gathered from the ranks).
+    auto all_chunks = [&](std::vector<double> part) {
+      return sh ? distributed::allgather_doubles(*sh->comm, part) : part;
+    };
 
     update_stats stats;
     stats.learning_rate = schedule_(state.count);
     const double lr = stats.learning_rate;
 
-    const auto gsq = d::per_chunk(chunks.size(), [&](int64_t i) {
-      const auto& c = chunks[static_cast<std::size_t>(i)];
+    const auto gsq = all_chunks(d::per_chunk(mine, [&](int64_t i) {
+      const auto& c = chunks[c_lo + static_cast<std::size_t>(i)];
       const float* g = leaves[c.leaf].g;
       double s = 0;
       for (int64_t k = c.begin; k < c.end; ++k) s += static_cast<double>(g[k]) * g[k];
       return s;
-    });
+    }));
     double gsum = 0;
     for (double s : gsq) gsum += s;
     stats.grad_norm = std::sqrt(gsum);
@@ -385,24 +490,30 @@ class adamw {
 
     double usum = 0;
     if (!cfg_.update_rms_clipping && !cfg_.clip_update_norm) {
-      const auto sq = d::per_chunk(chunks.size(), [&](int64_t i) {
-        const auto& ch = chunks[static_cast<std::size_t>(i)];
-        return d::dispatch<d::pass::fused>(c, leaves[ch.leaf], ch.begin, ch.end, 1.0f, 1.0f, nest);
-      });
+      const auto sq = all_chunks(d::per_chunk(mine, [&](int64_t i) {
+        int64_t b, e;
+        const auto l = ref(c_lo + static_cast<std::size_t>(i), b, e);
+        return d::dispatch<d::pass::fused>(c, l, b, e, 1.0f, 1.0f, nest);
+      }));
       for (double s : sq) usum += s;
     } else {
-      const auto sq = d::per_chunk(chunks.size(), [&](int64_t i) {
-        const auto& ch = chunks[static_cast<std::size_t>(i)];
-        return d::dispatch<d::pass::moments>(c, leaves[ch.leaf], ch.begin, ch.end, 1.0f, 1.0f, nest);
-      });
-      std::vector<double> slice_sq(slice_leaf.size(), 0.0);
+      const auto sq = all_chunks(d::per_chunk(mine, [&](int64_t i) {
+        int64_t b, e;
+        const auto l = ref(c_lo + static_cast<std::size_t>(i), b, e);
+        return d::dispatch<d::pass::moments>(c, l, b, e, 1.0f, 1.0f, nest);
+      }));
+      std::vector<double> slice_sq(num_slices, 0.0);
+      std::vector<std::size_t> slice_leaf(num_slices, 0);
       double total = 0;
-      for (std::size_t i = 0; i < chunks.size(); ++i) slice_sq[chunks[i].slice] += sq[i], total += sq[i];
-      std::vector<float> slice_div(slice_leaf.size(), 1.0f);
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        slice_sq[chunks[i].slice] += sq[i], total += sq[i];
+        slice_leaf[chunks[i].slice] = chunks[i].leaf;
+      }
+      std::vector<float> slice_div(num_slices, 1.0f);
       float mul = 1.0f;
       if (cfg_.update_rms_clipping) {
         // scan_aware_clip_by_block_rms: u / max(1, rms(u) / threshold), per leaf or per Stacked layer.
-        for (std::size_t s = 0; s < slice_leaf.size(); ++s) {
+        for (std::size_t s = 0; s < num_slices; ++s) {
           const auto& l = leaves[slice_leaf[s]];
           const double rms = std::sqrt(slice_sq[s] / static_cast<double>(l.n / l.slices));
           slice_div[s] = std::max(1.0f, static_cast<float>(rms / *cfg_.update_rms_clipping));
@@ -417,17 +528,38 @@ class adamw {
         if (norm > max_norm) mul = static_cast<float>(max_norm / std::max(norm, 1e-6));
         w.push(norm);
       }
-      const auto sq2 = d::per_chunk(chunks.size(), [&](int64_t i) {
-        const auto& ch = chunks[static_cast<std::size_t>(i)];
-        return d::dispatch<d::pass::apply>(c, leaves[ch.leaf], ch.begin, ch.end, slice_div[ch.slice], mul, nest);
-      });
+      const auto sq2 = all_chunks(d::per_chunk(mine, [&](int64_t i) {
+        int64_t b, e;
+        const std::size_t ci = c_lo + static_cast<std::size_t>(i);
+        const auto l = ref(ci, b, e);
+        return d::dispatch<d::pass::apply>(c, l, b, e, slice_div[chunks[ci].slice], mul, nest);
+      }));
       for (double s : sq2) usum += s;
     }
     stats.update_norm = std::sqrt(usum);
+    if (sh) gather_params(leaves, *sh);
     return stats;
   }
 
  private:
+  // Every rank's range of the updated parameters to every rank (through one flat buffer).
+  static void gather_params(const std::vector<detail::adamw::leaf_ref>& leaves, const shard& sh) {
+    if (sh.comm->size() == 1) return;
+    const int64_t total = sh.bounds.back();
+    std::vector<float> flat(static_cast<std::size_t>(total));
+    auto each = [&](int64_t lo, int64_t hi, auto&& copy) {
+      int64_t off = 0;
+      for (const auto& l : leaves) {
+        const int64_t b = std::max(lo, off), e = std::min(hi, off + l.n);
+        if (b < e) copy(l.p + (b - off), flat.data() + b, e - b);
+        off += l.n;
+      }
+    };
+    each(sh.lo(), sh.hi(), [](float* p, float* f, int64_t n) { std::copy(p, p + n, f); });
+    distributed::allgather_ranges(*sh.comm, flat.data(), sh.bounds);
+    each(0, total, [](float* p, float* f, int64_t n) { std::copy(f, f + n, p); });
+  }
+
   AdamConfig cfg_;
   std::optional<SkipStepConfig> skip_;
   lr_schedule schedule_;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,13 +35,19 @@ class optimizer {
   virtual update_stats update(M& params, const M& grads, double loss) = 0;
   /// The learning rate of the next update (for messages).
   virtual double next_learning_rate() const = 0;
-  /// Adds the state to the snapshot that becomes `opt_state.h5`.
-  virtual void save_state(checkpoint::snapshot& s) const = 0;
-  /// Loads the state written by save_state; returns the leaves kept at their initial values (allow_partial).
-  /// Throws checkpoint::error when the file does not match.
-  virtual std::vector<std::string> load_state(const checkpoint::reader& r, bool allow_partial) = 0;
+  /// Adds the state to the snapshot that becomes `opt_state.h5` (`params` gives the shapes). A sharded optimizer
+  /// gathers its state to rank 0, which alone adds it: every rank must call this.
+  virtual void save_state(checkpoint::snapshot& s, const M& params) const = 0;
+  /// Loads the state written by save_state (whatever the rank count that wrote it); returns the leaves kept at
+  /// their initial values (allow_partial). Throws checkpoint::error when the file does not match.
+  virtual std::vector<std::string> load_state(const checkpoint::reader& r, bool allow_partial, const M& params) = 0;
   /// Each piece of state shaped like the parameters, by name (`mu`, `nu`): what `trainer.watch` calls opt_state.
-  virtual void for_each_state_tree(const std::function<void(const std::string&, const M&)>& f) const = 0;
+  /// A sharded optimizer gathers it (every rank must call this).
+  virtual void for_each_state_tree(const std::function<void(const std::string&, const M&)>& f,
+                                   const M& params) const = 0;
+  /// When the state is sharded over ranks (ZeRO-1): the ranges of the flattened parameters each rank updates;
+  /// `update` then needs the reduced gradient only in this rank's range. Null when every rank updates everything.
+  virtual const std::vector<std::int64_t>* shard_bounds() const { return nullptr; }
 };
 
 namespace detail {
@@ -70,27 +77,50 @@ inline void read_window(const checkpoint::reader& r, const std::string& name, ro
 template <class M>
 class adamw_optimizer final : public optimizer<M> {
  public:
-  adamw_optimizer(const AdamConfig& cfg, std::int64_t num_train_steps, const M& params)
-      : opt_(cfg, num_train_steps), state_(opt_.init(params)) {}
+  /// With `comm` of more than one rank and `sharded`, the moments are split over the ranks (ZeRO-1).
+  adamw_optimizer(const AdamConfig& cfg, std::int64_t num_train_steps, const M& params,
+                  distributed::communicator* comm = nullptr, bool sharded = false)
+      : opt_(cfg, num_train_steps) {
+    if (comm && sharded && comm->size() > 1) shard_ = optim::shard{comm, adamw::shard_bounds(params, comm->size())};
+    state_ = opt_.init(params, shard_ ? &*shard_ : nullptr);
+  }
 
   std::string_view type_name() const override { return AdamConfig::type_name; }
   update_stats update(M& params, const M& grads, double loss) override {
-    return opt_.update(params, grads, state_, loss);
+    return opt_.update(params, grads, state_, loss, shard_ ? &*shard_ : nullptr);
   }
   double next_learning_rate() const override { return opt_.schedule()(state_.count); }
-  void save_state(checkpoint::snapshot& s) const override {
-    s.add_tree("mu", state_.mu);
-    s.add_tree("nu", state_.nu);
+  void save_state(checkpoint::snapshot& s, const M& params) const override {
+    if (shard_) {
+      auto mu = gather(state_.mu_flat, params), nu = gather(state_.nu_flat, params);
+      if (shard_->comm->rank() != 0) return;
+      s.add_tree("mu", *mu);
+      s.add_tree("nu", *nu);
+    } else {
+      s.add_tree("mu", state_.mu);
+      s.add_tree("nu", state_.nu);
+    }
     s.add_scalar("count", static_cast<std::int64_t>(state_.count));
     s.add_scalar("adam_count", static_cast<std::int64_t>(state_.adam_count));
     detail::add_window(s, "skip_losses", state_.skip_losses);
     detail::add_window(s, "skip_grad_norms", state_.skip_grad_norms);
     detail::add_window(s, "update_norms", state_.update_norms);
   }
-  std::vector<std::string> load_state(const checkpoint::reader& r, bool allow_partial) override {
-    auto missing = r.read_tree("mu", state_.mu, allow_partial);
-    auto m2 = r.read_tree("nu", state_.nu, allow_partial);
-    missing.insert(missing.end(), m2.begin(), m2.end());
+  std::vector<std::string> load_state(const checkpoint::reader& r, bool allow_partial, const M& params) override {
+    std::vector<std::string> missing;
+    if (shard_) {
+      // The file holds the whole state (whatever the rank count that wrote it): keep this rank's range.
+      M mu = adamw::zeros_like(params), nu = adamw::zeros_like(params);
+      missing = r.read_tree("mu", mu, allow_partial);
+      auto m2 = r.read_tree("nu", nu, allow_partial);
+      missing.insert(missing.end(), m2.begin(), m2.end());
+      slice(mu, state_.mu_flat);
+      slice(nu, state_.nu_flat);
+    } else {
+      missing = r.read_tree("mu", state_.mu, allow_partial);
+      auto m2 = r.read_tree("nu", state_.nu, allow_partial);
+      missing.insert(missing.end(), m2.begin(), m2.end());
+    }
     state_.count = r.scalar<std::int64_t>("count");
     state_.adam_count = r.scalar<std::int64_t>("adam_count");
     detail::read_window(r, "skip_losses", state_.skip_losses);
@@ -98,26 +128,73 @@ class adamw_optimizer final : public optimizer<M> {
     detail::read_window(r, "update_norms", state_.update_norms);
     return missing;
   }
-  void for_each_state_tree(const std::function<void(const std::string&, const M&)>& f) const override {
+  void for_each_state_tree(const std::function<void(const std::string&, const M&)>& f,
+                           const M& params) const override {
+    if (shard_) {
+      // every rank takes part in the gathers; each sees the whole trees
+      auto mu = gather(state_.mu_flat, params, true), nu = gather(state_.nu_flat, params, true);
+      f("mu", *mu);
+      f("nu", *nu);
+      return;
+    }
     f("mu", state_.mu);
     f("nu", state_.nu);
   }
+  const std::vector<std::int64_t>* shard_bounds() const override { return shard_ ? &shard_->bounds : nullptr; }
 
   const adamw& rule() const { return opt_; }
   const adamw_state<M>& state() const { return state_; }
 
  private:
+  // This rank's range of `tree` (flattened in tree order) into `out`.
+  void slice(const M& tree, std::vector<float>& out) const {
+    const std::int64_t lo = shard_->lo(), hi = shard_->hi();
+    std::int64_t off = 0;
+    haliax::tree::for_each_leaf(tree, [&](const std::string&, const auto& leaf) {
+      const std::int64_t n = leaf.element_count(), b = std::max(lo, off), e = std::min(hi, off + n);
+      if (b < e) std::copy(leaf.data() + (b - off), leaf.data() + (e - off), out.data() + (b - lo));
+      off += n;
+    });
+  }
+  // The whole state vector, as a tree shaped like `params`, on rank 0 (everywhere with `all`); null elsewhere.
+  std::optional<M> gather(const std::vector<float>& mine, const M& params, bool all = false) const {
+    auto& c = *shard_->comm;
+    const auto& b = shard_->bounds;
+    std::vector<std::size_t> counts(b.size() - 1), displs(b.size() - 1);
+    for (std::size_t q = 0; q + 1 < b.size(); ++q) {
+      counts[q] = static_cast<std::size_t>(b[q + 1] - b[q]) * 4;
+      displs[q] = static_cast<std::size_t>(b[q]) * 4;
+    }
+    const bool receive = all || c.rank() == 0;
+    std::vector<float> flat(receive ? static_cast<std::size_t>(b.back()) : 0);
+    if (all)
+      c.allgatherv(mine.data(), flat.data(), counts, displs);
+    else
+      c.gatherv(mine.data(), flat.data(), counts, displs, 0);
+    if (!receive) return std::nullopt;
+    M tree = adamw::zeros_like(params);
+    std::int64_t off = 0;
+    haliax::tree::for_each_leaf(tree, [&](const std::string&, auto& leaf) {
+      std::copy(flat.data() + off, flat.data() + off + leaf.element_count(), leaf.data());
+      off += leaf.element_count();
+    });
+    return tree;
+  }
+
   adamw opt_;
+  std::optional<optim::shard> shard_;
   adamw_state<M> state_;
 };
 
 /// The optimizer the `optimizer:` section asks for, with fresh state shaped like `params`. Throws
 /// std::invalid_argument naming the key for settings the optimizer refuses.
+/// With `comm` and `sharded`, the state is split over the ranks (ZeRO-1).
 template <class M>
 std::unique_ptr<optimizer<M>> make_optimizer(const OptimizerChoice& choice, std::int64_t num_train_steps,
-                                             const M& params) {
+                                             const M& params, distributed::communicator* comm = nullptr,
+                                             bool sharded = false) {
   if (const auto* adam = choice.get_if<AdamConfig>())
-    return std::make_unique<adamw_optimizer<M>>(*adam, num_train_steps, params);
+    return std::make_unique<adamw_optimizer<M>>(*adam, num_train_steps, params, comm, sharded);
   throw std::invalid_argument("optimizer.type '" + std::string(choice.type_name()) + "' is not supported");
 }
 

@@ -19,6 +19,7 @@
 #include <string>
 
 #include <levanter/config/types.hpp>
+#include <levanter/distributed/comm.hpp>
 #include <levanter/io/dir_lock.hpp>
 #include <levanter/tracker/tracker.hpp>
 #include <levanter/trainer/config.hpp>
@@ -72,10 +73,13 @@ std::unique_ptr<tracker> make_tracker(const config::OneOrMany<TrackerChoice>& ch
                                       const std::filesystem::path& run_dir);
 
 /// A run: its id, its directory, its trackers and its log. Creating one resolves the id, creates
-/// `<log_dir>/<id>/`, writes the resolved config there and opens the trackers.
+/// `<log_dir>/<id>/`, writes the resolved config there and opens the trackers. Over several ranks, rank 0 chooses
+/// the id and tells the others; only rank 0 has the directory, the trackers (the others get a no-op tracker) and
+/// prints (`say` does nothing elsewhere).
 class run_context {
  public:
-  run_context(const TrainerConfig& t, std::string resolved_yaml, std::ostream& out, const std::string& program);
+  run_context(const TrainerConfig& t, std::string resolved_yaml, std::ostream& out, const std::string& program,
+              distributed::communicator& comm = distributed::world());
   run_context(const run_context&) = delete;
   run_context& operator=(const run_context&) = delete;
 
@@ -86,6 +90,8 @@ class run_context {
   /// Whether the id was chosen by the user (trainer.id or $RUN_ID), so a restart finds this run again.
   bool id_given() const { return id_given_; }
   levanter::tracker& tracker() { return *trk_; }
+  /// Whether this process writes the run's files (rank 0).
+  bool writer() const { return writer_; }
   /// Prints a line to the program's output and its log file (thread-safe: the checkpointer reports from its own
   /// thread).
   void say(const std::string& line);
@@ -95,6 +101,7 @@ class run_context {
  private:
   std::string id_, yaml_, program_;
   bool id_given_ = false;
+  bool writer_ = true;
   std::filesystem::path dir_;
   io::dir_lock lock_;  ///< one process per run directory
   std::unique_ptr<levanter::tracker> trk_;

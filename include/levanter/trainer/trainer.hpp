@@ -14,6 +14,12 @@
 // last step every hook with `at_end` runs once more unless it just ran. Checkpoints are named by state.step
 // (`step-N` holds N updates). Every batch is a pure function of (config, seed, step), so a resumed run computes
 // exactly what an uninterrupted one does.
+//
+// Over several ranks (mpirun; levanter/distributed/plan.hpp, docs/distributed.md) each rank computes its slice of
+// every global batch, the gradients are summed over the ranks in rank order, and the optimizer runs on every rank
+// (data parallel) or on each rank's share of the state (ZeRO-1, when the optimizer came from `make_optimizer` of
+// this Trainer). Rank 0 alone writes checkpoints, logs and metrics, and runs the hooks (unless a hook asks for
+// every rank); decisions that depend on time (a time-based checkpoint) are taken on rank 0 and broadcast.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +39,9 @@
 #include <haliax/detail/profile.hpp>
 #include <haliax/tree.hpp>
 #include <levanter/checkpoint/train_state.hpp>
+#include <levanter/distributed/comm.hpp>
+#include <levanter/distributed/plan.hpp>
+#include <levanter/distributed/tree_comm.hpp>
 #include <levanter/models/lm.hpp>
 #include <levanter/optim/optimizer.hpp>
 #include <levanter/profiler.hpp>
@@ -72,6 +82,8 @@ struct hook {
   std::int64_t every = 1;
   std::function<void(const step_info<M>&)> fn;
   bool at_end = true;
+  /// Run on every rank (for hooks that communicate); by default only rank 0 runs it.
+  bool all_ranks = false;
 };
 
 /// Everything a finished run reports.
@@ -103,9 +115,24 @@ class Trainer {
   /// The examples [first, first + count) of the global order (a pure function of config, seed and index).
   using batch_fn = std::function<lm_example(std::int64_t first, std::int64_t count)>;
 
-  Trainer(const TrainerConfig& cfg, run_context& run, loss_fn loss, trainer_options o)
-      : cfg_(cfg), run_(run), loss_(std::move(loss)), opts_(o),
-        ck_policy_(checkpoint::policy_from_config(cfg.checkpointer, run.id())), peak_flops_(measure_gemm_peak()) {}
+  /// The ranks are `comm`'s (world(): one process, or every rank of an mpirun job). Throws config::config_error
+  /// when the trainer's axis mapping cannot be laid over them (distributed/plan.hpp).
+  Trainer(const TrainerConfig& cfg, run_context& run, loss_fn loss, trainer_options o,
+          distributed::communicator& comm = distributed::world())
+      : cfg_(cfg), run_(run), loss_(std::move(loss)), opts_(o), comm_(comm),
+        plan_(distributed::make_plan(cfg_, comm.size(), model_axes())),
+        ck_policy_(checkpoint::policy_from_config(cfg.checkpointer, run.id())), peak_flops_(measure_gemm_peak()) {
+    plan_.trainer = &cfg_;
+  }
+
+  /// How the run is laid over the ranks.
+  const distributed::plan& plan() const { return plan_; }
+  distributed::communicator& comm() { return comm_; }
+
+  /// The optimizer `choice` asks for, sharded over the ranks when the plan says so (ZeRO-1).
+  std::unique_ptr<optim::optimizer<M>> make_optimizer(const OptimizerChoice& choice, const M& params) {
+    return optim::make_optimizer(choice, cfg_.num_train_steps, params, &comm_, plan_.shard_optimizer);
+  }
 
   const TrainerConfig& config() const { return cfg_; }
   run_context& run() { return run_; }
@@ -179,8 +206,14 @@ class Trainer {
       log("the checkpoint is already at step " + std::to_string(start_step) + " of " +
           std::to_string(t.num_train_steps) + "; nothing to train");
 
-    checkpoint::checkpointer ckpt(ck_policy_, {}, log);
-    if (resumed_from_) ckpt.resumed_at(start_step);
+    const bool root = comm_.rank() == 0;
+    const int ranks = comm_.size();
+    // Rank 0 writes the checkpoints (parameters are whole on every rank; a sharded optimizer gathers its state).
+    std::optional<checkpoint::checkpointer> ckpt;
+    if (root) ckpt.emplace(ck_policy_, checkpoint::checkpointer::clock_fn{}, log);
+    if (ckpt && resumed_from_) ckpt->resumed_at(start_step);
+    const auto* grad_bounds = state.optimizer->shard_bounds();
+    std::vector<float> comm_buf;  // the flat gradient buffer of the reductions, kept between steps
     auto state_files = [&](std::int64_t step) {
       return checkpoint::train_state_files(state.model, state.optimizer.get(), step, state.training_key,
                                            data_offset_at(t.train_batch_size, step), run_.resolved_yaml());
@@ -211,9 +244,10 @@ class Trainer {
       const auto t0 = std::chrono::steady_clock::now();
       double loading_seconds = 0;
       const std::int64_t B = t.train_batch_size.at(step);
-      const std::int64_t mb = t.per_device_parallelism > 0 ? std::min(t.per_device_parallelism, B) : B;
-      const std::int64_t micro = B / mb;
-      const std::int64_t offset = data_offset_at(t.train_batch_size, step);
+      const std::int64_t local = plan_.local_batch(step);  // this rank's examples: [offset + rank * local, + local)
+      const std::int64_t mb = plan_.micro_batch(step);
+      const std::int64_t micro = local / mb;
+      const std::int64_t offset = data_offset_at(t.train_batch_size, step) + comm_.rank() * local;
       const auto step_key = haliax::random::fold_in(state.training_key, static_cast<std::uint32_t>(step));
 
       // ---- forward and backward over the micro-batches (gradient accumulation) ----
@@ -238,16 +272,26 @@ class Trainer {
         else
           haliax::tree::zip_leaves(*grads, g, [](const std::string&, auto& acc, auto& x) { acc = acc + x; });
       }
-      if (micro > 1)
+      const bool watch_now = t.watch.enabled() && step % t.watch.interval == 0;
+      // ---- the sum over ranks (rank order): whole, or only this rank's range for a sharded optimizer (unless the
+      // gradients are to be watched) ----
+      if (ranks > 1) {
+        haliax::detail::profile::region r([] { return std::string("trainer: reduce gradients"); }, 0.0);
+        const auto sent0 = comm_.bytes_sent();
+        distributed::reduce_tree(comm_, *grads, comm_buf, watch_now && watching("grads") ? nullptr : grad_bounds);
+        loss_sum = distributed::allreduce_sum(comm_, loss_sum);
+        reduce_bytes_ = comm_.bytes_sent() - sent0;
+      }
+      const std::int64_t parts = micro * ranks;
+      if (parts > 1)
         *grads =
-            haliax::tree::map(*grads, [s = 1.0f / float(micro)](const std::string&, const auto& x) { return x * s; });
-      const double loss = loss_sum / double(micro);
+            haliax::tree::map(*grads, [s = 1.0f / float(parts)](const std::string&, const auto& x) { return x * s; });
+      const double loss = loss_sum / double(parts);
       check_finite(loss, "train/loss", step, t.crash_on_nan, t.crash_on_inf);
 
       // ---- the update, with what trainer.watch asks to see around it (as upstream, gradients and parameters as
       // the step found them; updates and optimizer state after it) ----
       json watched = json::object();
-      const bool watch_now = t.watch.enabled() && step % t.watch.interval == 0;
       std::optional<M> before;  // for the `updates` target: the parameters before the update
       if (watch_now) {
         haliax::detail::profile::region r([] { return std::string("trainer: watch"); }, 0.0);
@@ -260,7 +304,9 @@ class Trainer {
       optim::update_stats stats;
       {
         haliax::detail::profile::region r([] { return std::string("optimizer update"); }, 0.0);
+        const auto sent0 = comm_.bytes_sent();
         stats = state.optimizer->update(state.model, *grads, loss);
+        update_bytes_ = comm_.bytes_sent() - sent0;
       }
       state.step = step + 1;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -276,7 +322,7 @@ class Trainer {
         if (watching("opt_state"))
           state.optimizer->for_each_state_tree([&](const std::string& name, const M& tree) {
             watch::summarize("opt_state/" + name, tree, watch_opts, watched, &trk, step);
-          });
+          }, state.model);
       }
       const auto t_hooks = std::chrono::steady_clock::now();
 
@@ -294,6 +340,10 @@ class Trainer {
       for (const auto& el : perf.items()) metrics[el.key()] = el.value();
       metrics["throughput/loading_time"] = loading_seconds;
       metrics["throughput/hook_time"] = hook_seconds;
+      if (ranks > 1) {
+        metrics["comm/gradient_bytes"] = reduce_bytes_;
+        metrics["comm/optimizer_bytes"] = update_bytes_;
+      }
       for (const auto& el : watched.items()) metrics[el.key()] = el.value();
       {
         haliax::detail::profile::region r([] { return std::string("trainer: log metrics"); }, 0.0);
@@ -309,12 +359,29 @@ class Trainer {
 
       // ---- checkpoint (the last step is always saved), then the hooks ----
       const bool last = step + 1 == t.num_train_steps;
-      ckpt.on_step(step + 1, [&] { return state_files(step + 1); }, last);
+      if (ranks == 1) {
+        ckpt->on_step(step + 1, [&] { return state_files(step + 1); }, last);
+      } else {
+        // Rank 0 decides (the policy is time-based) and says so; a sharded optimizer's state is gathered from
+        // every rank while rank 0 builds its snapshot.
+        bool saving = false;
+        if (root) {
+          ckpt->on_step(step + 1, [&] {
+            saving = true;
+            distributed::broadcast_flag(comm_, true);
+            return state_files(step + 1);
+          }, last);
+          if (!saving) distributed::broadcast_flag(comm_, false);
+        } else if (distributed::broadcast_flag(comm_, false) && grad_bounds) {
+          checkpoint::snapshot unused;
+          state.optimizer->save_state(unused, state.model);
+        }
+      }
       info = step_info<M>{step,          step + 1,        t.num_train_steps, loss, stats.learning_rate, secs,
                           B * opts_.tokens_per_example, &state.model,      &state};
       for (std::size_t h = 0; h < hooks_.size(); ++h)
         if (hooks_[h].every > 0 && step % hooks_[h].every == 0) {
-          hooks_[h].fn(info);
+          if (root || hooks_[h].all_ranks) hooks_[h].fn(info);
           last_run[h] = step;
         }
       const auto t_end = std::chrono::steady_clock::now();
@@ -323,7 +390,7 @@ class Trainer {
         prof_seconds += std::chrono::duration<double>(t_end - t0).count();
         if (step + 1 == prof_end) {
           prof.stop();
-          prof.write(run_.dir(), prof_first, prof_end - prof_first, prof_seconds);
+          if (root) prof.write(run_.dir(), prof_first, prof_end - prof_first, prof_seconds);
           log("profile of steps " + std::to_string(prof_first) + ".." + std::to_string(prof_end - 1) + " in " +
               (run_.dir() / "profile.txt").string());
         }
@@ -337,8 +404,10 @@ class Trainer {
                           state.optimizer->next_learning_rate(), 0.0, 0, &state.model, &state};
     }
     for (std::size_t h = 0; h < hooks_.size(); ++h)
-      if (hooks_[h].at_end && last_run[h] != info.step) hooks_[h].fn(info);
-    ckpt.wait();
+      if (hooks_[h].at_end && last_run[h] != info.step && (root || hooks_[h].all_ranks)) hooks_[h].fn(info);
+    if (ckpt) ckpt->wait();
+    // No rank leaves before the last checkpoint is committed (a rank that failed has ended the job).
+    comm_.barrier();
     if (res.steps > start_step)  // the last step is always saved
       res.last_checkpoint = (ck_policy_.base_path / ("step-" + std::to_string(res.steps))).string();
     else if (resumed_from_)
@@ -349,10 +418,23 @@ class Trainer {
   }
 
  private:
+  // The axis names of M's parameters (static per leaf type, so a default-constructed M answers).
+  static std::set<std::string> model_axes() {
+    std::set<std::string> names;
+    const M m{};
+    haliax::tree::for_each_leaf(m, [&](const std::string&, const auto& leaf) {
+      for (const auto& n : leaf.axis_names()) names.insert(std::string(n));
+    });
+    return names;
+  }
+
   TrainerConfig cfg_;
   run_context& run_;
   loss_fn loss_;
   trainer_options opts_;
+  distributed::communicator& comm_;
+  distributed::plan plan_;
+  std::uint64_t reduce_bytes_ = 0, update_bytes_ = 0;  // bytes this rank sent in the last step's collectives
   checkpoint::policy ck_policy_;
   double peak_flops_ = 0;
   std::vector<hook<M>> hooks_;

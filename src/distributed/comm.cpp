@@ -1,0 +1,217 @@
+// levanter/distributed/comm.hpp: the local backend, world(), and the deterministic float collectives.
+#include <levanter/distributed/comm.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+namespace levanter::distributed {
+
+namespace detail {
+// The MPI backend (src/distributed/mpi.cpp); null when the build has no MPI.
+std::unique_ptr<communicator> make_mpi_world(int* argc, char*** argv);
+void finalize_mpi();
+bool mpi_compiled();
+}  // namespace detail
+
+namespace {
+
+class local_communicator final : public communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "local"; }
+  void barrier() override {}
+  void broadcast(void*, std::size_t, int) override {}
+  void allgatherv(const void* in, void* out, const std::vector<std::size_t>& counts,
+                  const std::vector<std::size_t>& displs) override {
+    copy(in, out, counts, displs);
+  }
+  void gatherv(const void* in, void* out, const std::vector<std::size_t>& counts,
+               const std::vector<std::size_t>& displs, int) override {
+    copy(in, out, counts, displs);
+  }
+  void alltoallv(const void* send, const std::vector<std::size_t>& sc, const std::vector<std::size_t>& sd, void* recv,
+                 const std::vector<std::size_t>&, const std::vector<std::size_t>& rd) override {
+    if (sc.at(0) && static_cast<const char*>(send) + sd.at(0) != static_cast<char*>(recv) + rd.at(0))
+      std::memmove(static_cast<char*>(recv) + rd.at(0), static_cast<const char*>(send) + sd.at(0), sc[0]);
+  }
+  [[noreturn]] void abort_job(const std::string& why, int code) override {
+    std::cerr << why << std::endl;
+    std::exit(code);
+  }
+
+ private:
+  static void copy(const void* in, void* out, const std::vector<std::size_t>& counts,
+                   const std::vector<std::size_t>& displs) {
+    char* dst = static_cast<char*>(out) + displs.at(0);
+    if (counts.at(0) && dst != in) std::memmove(dst, in, counts[0]);
+  }
+};
+
+std::unique_ptr<communicator>& world_slot() {
+  static std::unique_ptr<communicator> w;
+  return w;
+}
+
+}  // namespace
+
+std::unique_ptr<communicator> make_local_communicator() { return std::make_unique<local_communicator>(); }
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (const char* e = std::getenv(v); e && *e) return true;
+  return false;
+}
+
+bool have_mpi() { return detail::mpi_compiled(); }
+
+communicator& world() {
+  auto& w = world_slot();
+  if (!w) w = make_local_communicator();
+  return *w;
+}
+
+int init_world(int* argc, char*** argv) {
+  auto& w = world_slot();
+  if (w && w->backend() != "local") return w->size();
+  if (launched_by_mpi()) {
+    if (!have_mpi())
+      throw comm_error("this process was started by mpirun, but this build has no MPI (CMake did not find it): "
+                       "install libopenmpi-dev and rebuild, or run without mpirun");
+    w = detail::make_mpi_world(argc, argv);
+  } else {
+    w = make_local_communicator();
+  }
+  // The cores of the node are shared by its ranks: each rank's pool gets its share unless the user chose.
+  if (w->local_size() > 1 && !std::getenv("HALIAX_NUM_THREADS")) {
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned n = std::max(1u, hw / static_cast<unsigned>(w->local_size()));
+    ::setenv("HALIAX_NUM_THREADS", std::to_string(n).c_str(), 1);
+  }
+  return w->size();
+}
+
+void finalize_world() {
+  auto& w = world_slot();
+  if (w && w->backend() == "mpi") {
+    w->barrier();
+    detail::finalize_mpi();
+  }
+  w.reset();
+}
+
+std::vector<std::int64_t> even_bounds(std::int64_t n, int parts, std::int64_t align) {
+  if (parts < 1) throw std::invalid_argument("even_bounds: parts must be >= 1");
+  align = std::max<std::int64_t>(align, 1);
+  std::vector<std::int64_t> b(static_cast<std::size_t>(parts) + 1, 0);
+  for (int r = 1; r < parts; ++r) {
+    const std::int64_t ideal = n / parts * r + (n % parts) * r / parts;
+    std::int64_t x = (ideal + align / 2) / align * align;
+    b[static_cast<std::size_t>(r)] = std::clamp(x, b[static_cast<std::size_t>(r) - 1], n);
+  }
+  b.back() = n;
+  return b;
+}
+
+namespace {
+void check_bounds(const communicator& c, const std::vector<std::int64_t>& bounds, const char* what) {
+  if (bounds.size() != static_cast<std::size_t>(c.size()) + 1)
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(bounds.size()) + " bounds for " +
+                                std::to_string(c.size()) + " ranks");
+  for (std::size_t i = 1; i < bounds.size(); ++i)
+    if (bounds[i] < bounds[i - 1] || bounds[0] != 0)
+      throw std::invalid_argument(std::string(what) + ": bounds are not increasing from 0");
+}
+}  // namespace
+
+void reduce_scatter_sum(communicator& c, float* data, const std::vector<std::int64_t>& bounds) {
+  check_bounds(c, bounds, "reduce_scatter_sum");
+  const int n = c.size(), r = c.rank();
+  if (n == 1) return;
+  const std::int64_t lo = bounds[static_cast<std::size_t>(r)], len = bounds[static_cast<std::size_t>(r) + 1] - lo;
+  std::vector<float> recv(static_cast<std::size_t>(len) * static_cast<std::size_t>(n));
+  std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+  for (int q = 0; q < n; ++q) {
+    sc[q] = static_cast<std::size_t>(bounds[q + 1] - bounds[q]) * 4;
+    sd[q] = static_cast<std::size_t>(bounds[q]) * 4;
+    rc[q] = static_cast<std::size_t>(len) * 4;
+    rd[q] = static_cast<std::size_t>(q) * static_cast<std::size_t>(len) * 4;
+  }
+  c.alltoallv(data, sc, sd, recv.data(), rc, rd);
+  // Rank order: ((x0 + x1) + x2) + ... for every element, whatever the thread count (one pass, no reassociation).
+  float* out = data + lo;
+  const float* x0 = recv.data();
+  std::copy(x0, x0 + len, out);
+  for (int q = 1; q < n; ++q) {
+    const float* xq = recv.data() + static_cast<std::size_t>(q) * static_cast<std::size_t>(len);
+    for (std::int64_t i = 0; i < len; ++i) out[i] += xq[i];
+  }
+}
+
+void allgather_ranges(communicator& c, float* data, const std::vector<std::int64_t>& bounds) {
+  check_bounds(c, bounds, "allgather_ranges");
+  const int n = c.size(), r = c.rank();
+  if (n == 1) return;
+  std::vector<std::size_t> counts(n), displs(n);
+  for (int q = 0; q < n; ++q) {
+    counts[q] = static_cast<std::size_t>(bounds[q + 1] - bounds[q]) * 4;
+    displs[q] = static_cast<std::size_t>(bounds[q]) * 4;
+  }
+  c.allgatherv(data + bounds[static_cast<std::size_t>(r)], data, counts, displs);
+}
+
+void allreduce_sum(communicator& c, float* data, std::int64_t n) {
+  if (c.size() == 1) return;
+  const auto b = even_bounds(n, c.size(), 16);
+  reduce_scatter_sum(c, data, b);
+  allgather_ranges(c, data, b);
+}
+
+std::vector<double> allgather_doubles(communicator& c, const std::vector<double>& mine) {
+  const int n = c.size();
+  if (n == 1) return mine;
+  std::vector<std::int64_t> lens(n);
+  const std::int64_t my = static_cast<std::int64_t>(mine.size());
+  std::vector<std::size_t> ic(n, 8), id(n);
+  for (int q = 0; q < n; ++q) id[q] = static_cast<std::size_t>(q) * 8;
+  c.allgatherv(&my, lens.data(), ic, id);
+  std::vector<std::size_t> counts(n), displs(n);
+  std::size_t total = 0;
+  for (int q = 0; q < n; ++q) {
+    counts[q] = static_cast<std::size_t>(lens[q]) * 8;
+    displs[q] = total;
+    total += counts[q];
+  }
+  std::vector<double> out(total / 8);
+  c.allgatherv(mine.data(), out.data(), counts, displs);
+  return out;
+}
+
+double allreduce_sum(communicator& c, double x) {
+  if (c.size() == 1) return x;
+  const auto all = allgather_doubles(c, {x});
+  double s = all[0];
+  for (std::size_t i = 1; i < all.size(); ++i) s += all[i];
+  return s;
+}
+
+std::string broadcast_string(communicator& c, const std::string& s, int root) {
+  if (c.size() == 1) return s;
+  std::uint64_t len = s.size();
+  c.broadcast(&len, sizeof len, root);
+  std::string out = c.rank() == root ? s : std::string(len, '\0');
+  if (len) c.broadcast(out.data(), len, root);
+  return out;
+}
+
+bool broadcast_flag(communicator& c, bool b, int root) {
+  if (c.size() == 1) return b;
+  std::uint8_t v = b ? 1 : 0;
+  c.broadcast(&v, 1, root);
+  return v != 0;
+}
+
+}  // namespace levanter::distributed

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# train_lm over MPI ranks (docs/distributed.md), through the real program under mpirun -n 1, 2 and 4 (oversubscribed
+# on a small machine):
+#  - data parallel and ZeRO-1 on 4 ranks give bitwise the losses, parameters and optimizer state of one process whose
+#    micro-batches are the ranks' slices (per_device_parallelism = batch / 4): the gradient sum runs in rank order;
+#  - 2 ranks with 2 micro-batches each agree with it within float tolerance, and two such runs are bitwise equal;
+#  - mpirun -n 1 equals a run without mpirun;
+#  - a checkpoint written by 4 ranks (ZeRO-1: state gathered) resumes on 2 ranks and on 1 (bitwise on 1);
+#  - mistakes in the mapping end every rank with the message and exit code 2; a typo in fsdp_axis is named;
+#  - SIGKILL of one rank ends the whole job within 30 s, leaves the committed checkpoints intact, and a restart
+#    resumes to bitwise the losses of an uninterrupted run;
+#  - four ranks opening one new token cache build it once (the others wait) and train.
+# Usage: mpi_train_lm.sh TRAIN_LM MPIEXEC WORK_DIR
+set -euo pipefail
+train_lm=$(realpath "$1")
+mpiexec=$2
+work=$3
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work"
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+mpi=("$mpiexec" --oversubscribe)
+[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+# One thread per rank keeps 4 ranks on 2 cores from thrashing (the default is the node's cores / ranks).
+export HALIAX_NUM_THREADS=1
+
+common=(--trainer.num_train_steps 8 --trainer.steps_per_eval 1000 --trainer.train_batch_size 32
+        --trainer.log_dir logs --trainer.checkpointer.base_path ckpt --trainer.checkpointer.keep '[{every: 4}]')
+run1() { timeout 300 "$train_lm" "${common[@]}" "$@"; }
+runn() { local n=$1; shift; timeout 300 "${mpi[@]}" -n "$n" "$train_lm" "${common[@]}" "$@"; }
+
+# train/loss per step, the last record of each step.
+losses() {
+  grep '"event":"log"' "logs/$1/metrics.jsonl" | grep '"train/loss"' |
+    sed -E 's/.*"step":([0-9]+).*"train\/loss":([^,}]*).*/\1 \2/' |
+    awk '{ last[$1] = $2 } END { for (s in last) print s, last[s] }' | sort -n
+}
+same_state() {  # same_state RUN_A RUN_B STEP: byte-identical model and optimizer state
+  for f in model.h5 opt_state.h5; do
+    cmp -s "ckpt/$1/step-$3/$f" "ckpt/$2/step-$3/$f" || h5diff -q "ckpt/$1/step-$3/$f" "ckpt/$2/step-$3/$f" ||
+      fail "$2: step-$3/$f differs from $1's"
+  done
+}
+bitwise() {  # bitwise RUN_A RUN_B
+  losses "$1" > "$1.losses"
+  losses "$2" > "$2.losses"
+  [ "$(wc -l < "$1.losses")" -eq 8 ] || fail "$1: expected 8 logged steps"
+  cmp "$1.losses" "$2.losses" || { paste "$1.losses" "$2.losses" | head; fail "$2's losses differ from $1's"; }
+  same_state "$1" "$2" 8
+  echo "OK: $2 is bitwise $1 (losses, parameters, optimizer state)"
+}
+close() {  # close RUN_A RUN_B REL: every loss within REL relative
+  losses "$1" > "$1.losses"
+  losses "$2" > "$2.losses"
+  paste "$1.losses" "$2.losses" | awk -v rel="$3" -v a="$1" -v b="$2" '
+    { d = $2 - $4; if (d < 0) d = -d; if (d > rel * ($2 < 0 ? -$2 : $2)) { print "step " $1 ": " $2 " vs " $4; bad = 1 } ; n++ }
+    END { if (bad || n != 8) exit 1; print "OK: " b " within " rel " of " a " at all " n " steps" }' ||
+    fail "$2's losses are not within $3 of $1's"
+}
+
+run1 --trainer.id ref --trainer.per_device_parallelism 8 > ref.out 2>&1 || { cat ref.out; fail "the reference run failed"; }
+
+runn 4 --trainer.id dp4 --trainer.fsdp_axis '[]' > dp4.out 2>&1 || { cat dp4.out; fail "mpirun -n 4 data parallel failed"; }
+grep -q "4 ranks: mesh replica 1 x data 4 x model 1.*replicated" dp4.out || { cat dp4.out; fail "dp4: no plan line"; }
+bitwise ref dp4
+
+runn 4 --trainer.id z4 > z4.out 2>&1 || { cat z4.out; fail "mpirun -n 4 ZeRO-1 failed"; }
+grep -q "optimizer state sharded over data (ZeRO-1" z4.out || { cat z4.out; fail "z4: not sharded"; }
+bitwise ref z4
+
+runn 2 --trainer.id z2 --trainer.per_device_parallelism 8 > z2.out 2>&1 || { cat z2.out; fail "mpirun -n 2 failed"; }
+runn 2 --trainer.id z2b --trainer.per_device_parallelism 8 > z2b.out 2>&1 || { cat z2b.out; fail "mpirun -n 2 failed"; }
+close ref z2 1e-5
+bitwise z2 z2b
+
+run1 --trainer.id plain > plain.out 2>&1 || { cat plain.out; fail "plain run failed"; }
+runn 1 --trainer.id n1 > n1.out 2>&1 || { cat n1.out; fail "mpirun -n 1 failed"; }
+bitwise plain n1
+
+# A 4-rank checkpoint (step-4, ZeRO-1: gathered to rank 0) resumes on 2 ranks and on 1.
+for n in 2 1; do
+  mkdir -p "ckpt/from4on$n"
+  cp -r ckpt/z4/step-4 "ckpt/from4on$n/"
+  if [ "$n" -eq 1 ]; then
+    run1 --trainer.id "from4on$n" --trainer.per_device_parallelism 8 > "from4on$n.out" 2>&1 || { cat "from4on$n.out"; fail "resume on 1 failed"; }
+  else
+    runn "$n" --trainer.id "from4on$n" > "from4on$n.out" 2>&1 || { cat "from4on$n.out"; fail "resume on $n failed"; }
+  fi
+  grep -q "resumed from ckpt/from4on$n/step-4 at step 4" "from4on$n.out" || { cat "from4on$n.out"; fail "did not resume on $n"; }
+done
+losses from4on1 > from4on1.losses
+losses z4 | awk '$1 >= 4' > z4.tail
+cmp z4.tail from4on1.losses || fail "resumed on 1 rank: losses differ from the 4-rank run's"
+same_state z4 from4on1 8
+losses from4on2 > from4on2.losses
+paste z4.tail from4on2.losses | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-5 * $2) exit 1 }' ||
+  fail "resumed on 2 ranks: losses not within 1e-5 of the 4-rank run's"
+echo "OK: a 4-rank checkpoint resumes on 1 rank (bitwise) and on 2 ranks (within 1e-5)"
+
+# Mapping mistakes: every rank stops with the message, exit code 2.
+set +e
+runn 4 --trainer.id bad1 --trainer.train_batch_size 30 > bad1.out 2>&1
+code=$?
+set -e
+[ "$code" -eq 2 ] || { cat bad1.out; fail "a batch that does not divide over 4 ranks: exit $code, expected 2"; }
+grep -q "train_batch_size: 30 (from step 0) does not divide over 4 ranks" bad1.out || { cat bad1.out; fail "bad1 message"; }
+set +e
+runn 2 --trainer.id bad2 --trainer.fsdp_axis embd > bad2.out 2>&1
+code=$?
+set -e
+[ "$code" -eq 2 ] || { cat bad2.out; fail "fsdp_axis typo: exit $code, expected 2"; }
+grep -q "trainer.fsdp_axis: 'embd' is not an axis of the model's parameters (they have: .*embed" bad2.out ||
+  { cat bad2.out; fail "bad2 message"; }
+echo "OK: mapping mistakes end every rank with exit 2 and the key"
+
+# SIGKILL of one rank: the job ends within 30 s; a restart resumes bitwise.
+long=(--trainer.num_train_steps 60 --trainer.checkpointer.keep '[{every: 10}]' --trainer.per_device_parallelism 16)
+runn 2 "${long[@]}" --trainer.id whole2 > whole2.out 2>&1 || { cat whole2.out; fail "the uninterrupted 2-rank run failed"; }
+timeout 300 "${mpi[@]}" -n 2 "$train_lm" "${common[@]}" "${long[@]}" --trainer.id killed > killed1.out 2>&1 &
+job=$!
+for _ in $(seq 1 1200); do
+  [ -f ckpt/killed/step-10/metadata.json ] && break
+  kill -0 "$job" 2> /dev/null || break
+  sleep 0.05
+done
+[ -f ckpt/killed/step-10/metadata.json ] || { cat killed1.out; fail "no checkpoint at step 10"; }
+victim=$(pgrep -f -- "--trainer.id killed" | while read -r p; do
+  [ "$(cat /proc/"$p"/comm 2> /dev/null)" = train_lm ] && echo "$p"; done | tail -1)
+[ -n "$victim" ] || fail "no train_lm rank to kill"
+t0=$(date +%s)
+kill -9 "$victim"
+set +e
+wait "$job"
+code=$?
+set -e
+elapsed=$(($(date +%s) - t0))
+[ "$code" -ne 0 ] || fail "the job finished normally after a rank was killed"
+[ "$elapsed" -le 30 ] || fail "the job took ${elapsed}s to end after a rank was killed"
+[ -f logs/killed/summary.json ] && fail "the killed job wrote its summary"
+echo "killed rank $victim; mpirun ended in ${elapsed}s with exit $code; checkpoints: $(ls ckpt/killed | tr '\n' ' ')"
+runn 2 "${long[@]}" --trainer.id killed > killed2.out 2>&1 || { cat killed2.out; fail "the restarted job failed"; }
+grep -q "resumed from" killed2.out || { cat killed2.out; fail "the restart did not resume"; }
+losses whole2 > whole2.losses
+losses killed > killed.losses
+[ "$(wc -l < whole2.losses)" -eq 60 ] || fail "expected 60 logged steps"
+cmp whole2.losses killed.losses || fail "after SIGKILL of a rank and a restart the losses differ"
+same_state whole2 killed 60
+echo "OK: SIGKILL of a rank ends the job in ${elapsed}s; the restart resumes to bitwise the uninterrupted run"
+
+# Four ranks, one new token cache: built once, the others wait for it.
+runn 4 --trainer.id cache4 --data.cache_dir "$work/newcache" > cache4.out 2>&1 || { cat cache4.out; fail "4 ranks on a new cache failed"; }
+[ -f newcache/train/shard_ledger.json ] || fail "the cache was not built"
+grep -q '"is_finished": *true' newcache/train/shard_ledger.json || fail "the cache is not finished"
+losses plain > plain.losses
+losses cache4 > cache4.losses
+paste plain.losses cache4.losses | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-5 * $2) exit 1 }' ||
+  fail "training on the cache built by 4 ranks differs from the plain run"
+echo "OK: 4 ranks built one cache and trained on it"
