@@ -1,4 +1,4 @@
-// Tests for levanter/distributed: the rank-order float collectives, tree reductions, the plan from the trainer's
+// Tests for levanter/distributed: the tree-order float collectives, tree reductions, the plan from the trainer's
 // axis mappings, and ZeRO-1 AdamW against the unsharded update. Run by ctest on one process (the local backend)
 // and under `mpirun -n 3` (an odd rank count, so ranges are uneven), where every check runs on every rank.
 #include <doctest/doctest.h>
@@ -105,18 +105,32 @@ TEST_CASE("even_bounds splits a range into aligned near-equal parts") {
   CHECK(dist::even_bounds(0, 2) == std::vector<std::int64_t>{0, 0, 0});
 }
 
-TEST_CASE("reduce-scatter, all-gather and all-reduce add in rank order, bit for bit") {
+TEST_CASE("tree_order adds halves: blocks of n / 2^k terms are subtrees") {
+  std::vector<std::string> t{"a", "b", "c", "d", "e"};
+  dist::tree_order(5, [&](int into, int from) { t[into] = "(" + t[into] + "+" + t[from] + ")"; });
+  CHECK(t[0] == "((a+b)+(c+(d+e)))");
+  // 8 terms as 2 blocks of 4, each summed alone, then the two sums: the same expression as all 8 at once
+  std::vector<std::string> all{"0", "1", "2", "3", "4", "5", "6", "7"};
+  dist::tree_order(8, [&](int into, int from) { all[into] = "(" + all[into] + "+" + all[from] + ")"; });
+  std::vector<std::string> lo{"0", "1", "2", "3"}, hi{"4", "5", "6", "7"};
+  dist::tree_order(4, [&](int into, int from) { lo[into] = "(" + lo[into] + "+" + lo[from] + ")"; });
+  dist::tree_order(4, [&](int into, int from) { hi[into] = "(" + hi[into] + "+" + hi[from] + ")"; });
+  CHECK(all[0] == "(" + lo[0] + "+" + hi[0] + ")");
+}
+
+TEST_CASE("reduce-scatter, all-gather and all-reduce add in tree order, bit for bit") {
   auto& w = world();
   const int n = w.size(), me = w.rank();
   const std::int64_t len = 1001;
   std::vector<float> data(len);
   for (std::int64_t i = 0; i < len; ++i) data[static_cast<std::size_t>(i)] = value(me, i);
-  // What every rank expects: ((x0 + x1) + x2) + ...
+  // What every rank expects: the ranks' values added along tree_order (x0 + x1 on 2 ranks, x0 + (x1 + x2) on 3).
   std::vector<float> expect(len);
   for (std::int64_t i = 0; i < len; ++i) {
-    float s = value(0, i);
-    for (int q = 1; q < n; ++q) s += value(q, i);
-    expect[static_cast<std::size_t>(i)] = s;
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (int q = 0; q < n; ++q) x[static_cast<std::size_t>(q)] = value(q, i);
+    dist::tree_order(n, [&](int into, int from) { x[into] += x[from]; });
+    expect[static_cast<std::size_t>(i)] = x[0];
   }
   const auto bounds = dist::even_bounds(len, n, 16);
   auto rs = data;
@@ -130,8 +144,10 @@ TEST_CASE("reduce-scatter, all-gather and all-reduce add in rank order, bit for 
   dist::allreduce_sum(w, ar.data(), len);
   CHECK(ar == expect);
 
-  double dexp = 0;
-  for (int q = 0; q < n; ++q) dexp = q == 0 ? 0.1 * 1 : dexp + 0.1 * (q + 1);
+  std::vector<double> dx(static_cast<std::size_t>(n));
+  for (int q = 0; q < n; ++q) dx[static_cast<std::size_t>(q)] = 0.1 * (q + 1);
+  dist::tree_order(n, [&](int into, int from) { dx[into] += dx[from]; });
+  const double dexp = dx[0];
   CHECK(dist::allreduce_sum(w, 0.1 * (me + 1)) == dexp);
   std::vector<double> mine(static_cast<std::size_t>(me + 1), double(me));
   const auto all = dist::allgather_doubles(w, mine);
@@ -146,11 +162,13 @@ TEST_CASE("reduce-scatter, all-gather and all-reduce add in rank order, bit for 
 TEST_CASE("reduce_tree sums a parameter tree over the ranks, whole or in this rank's range") {
   auto& w = world();
   auto mine = make_model(100 + static_cast<unsigned>(w.rank()));
-  model expect = make_model(100);
-  for (int q = 1; q < w.size(); ++q) {
-    auto other = make_model(100 + static_cast<unsigned>(q));
-    hax::tree::zip_leaves(expect, other, [](const std::string&, auto& a, const auto& b) { a = a + b; });
-  }
+  std::vector<model> parts;
+  for (int q = 0; q < w.size(); ++q) parts.push_back(make_model(100 + static_cast<unsigned>(q)));
+  dist::tree_order(w.size(), [&](int into, int from) {
+    hax::tree::zip_leaves(parts[static_cast<std::size_t>(into)], parts[static_cast<std::size_t>(from)],
+                          [](const std::string&, auto& a, const auto& b) { a = a + b; });
+  });
+  model& expect = parts[0];
   auto whole = make_model(100 + static_cast<unsigned>(w.rank()));
   std::vector<float> buf;
   dist::reduce_tree(w, whole, buf);

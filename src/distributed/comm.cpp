@@ -141,14 +141,14 @@ void reduce_scatter_sum(communicator& c, float* data, const std::vector<std::int
     rd[q] = static_cast<std::size_t>(q) * static_cast<std::size_t>(len) * 4;
   }
   c.alltoallv(data, sc, sd, recv.data(), rc, rd);
-  // Rank order: ((x0 + x1) + x2) + ... for every element, whatever the thread count (one pass, no reassociation).
-  float* out = data + lo;
-  const float* x0 = recv.data();
-  std::copy(x0, x0 + len, out);
-  for (int q = 1; q < n; ++q) {
-    const float* xq = recv.data() + static_cast<std::size_t>(q) * static_cast<std::size_t>(len);
-    for (std::int64_t i = 0; i < len; ++i) out[i] += xq[i];
-  }
+  // The ranks' contributions added along tree_order's tree, in place in recv (slice q holds rank q's part).
+  auto slice = [&](int q) { return recv.data() + static_cast<std::size_t>(q) * static_cast<std::size_t>(len); };
+  tree_order(n, [&](int into, int from) {
+    float* a = slice(into);
+    const float* b = slice(from);
+    for (std::int64_t i = 0; i < len; ++i) a[i] += b[i];
+  });
+  std::copy(slice(0), slice(0) + len, data + lo);
 }
 
 void allgather_ranges(communicator& c, float* data, const std::vector<std::int64_t>& bounds) {
@@ -192,10 +192,9 @@ std::vector<double> allgather_doubles(communicator& c, const std::vector<double>
 
 double allreduce_sum(communicator& c, double x) {
   if (c.size() == 1) return x;
-  const auto all = allgather_doubles(c, {x});
-  double s = all[0];
-  for (std::size_t i = 1; i < all.size(); ++i) s += all[i];
-  return s;
+  auto all = allgather_doubles(c, {x});
+  tree_order(c.size(), [&](int into, int from) { all[static_cast<std::size_t>(into)] += all[static_cast<std::size_t>(from)]; });
+  return all[0];
 }
 
 std::string broadcast_string(communicator& c, const std::string& s, int root) {

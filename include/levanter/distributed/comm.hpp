@@ -7,9 +7,11 @@
 //
 // A `communicator` moves bytes (backends: `local` for one process, `mpi` over host buffers, `nccl` over device
 // buffers when built with CUDA and NCCL). The float collectives the trainer uses are written on top of it, once,
-// so their arithmetic is ours and not the library's: a reduce-scatter sums the ranks' contributions in rank order
-// 0, 1, ..., N-1, so the same run on the same number of ranks gives the same bits (MPI_Allreduce makes no such
-// promise), and a sum over one rank is the value itself. Every call is blocking: buffers are free to reuse when it
+// so their arithmetic is ours and not the library's: a reduce-scatter adds the ranks' contributions along one fixed
+// tree (`tree_order`: halves, split at the middle), so the same run on the same number of ranks gives the same
+// bits (MPI_Allreduce makes no such promise), a sum over one rank is the value itself, and with a power-of-two
+// rank count the tree over ranks continues the tree the trainer uses over micro-batches, which makes a run's
+// gradients independent of how many ranks computed them. Every call is blocking: buffers are free to reuse when it
 // returns.
 //
 // Failure: a rank that throws ends the job (`abort_job`: MPI_Abort with the reason printed first), so no rank is
@@ -92,24 +94,38 @@ int init_world(int* argc, char*** argv);
 /// Ends MPI (after a barrier) when init_world started it; safe to call more than once.
 void finalize_world();
 
-// ---- deterministic float collectives (rank-order sums) ----
+// ---- deterministic float collectives (tree-order sums) ----
+
+/// The order in which `n` terms t[0..n) are added: the sum of [lo, hi) is sum[lo, mid) + sum[mid, hi) with
+/// mid = lo + (hi - lo) / 2, down to single terms. Calls add(into, from) for each addition, meaning
+/// t[into] = t[into] + t[from] (the left half's sum + the right half's), so that t[0] ends as the sum. For n a
+/// power of two this is the balanced pairwise tree; blocks of n / 2^k consecutive terms are always subtrees, which
+/// is what makes "k ranks, each summing its block" equal "one process summing everything".
+template <class F>
+void tree_order(std::int64_t n, F&& add, std::int64_t lo = 0) {
+  if (n <= 1) return;
+  const std::int64_t half = n / 2;
+  tree_order(half, add, lo);
+  tree_order(n - half, add, lo + half);
+  add(static_cast<int>(lo), static_cast<int>(lo + half));
+}
 
 /// Splits [0, n) into `parts` contiguous ranges at the given boundaries' granularity: bounds[0] = 0,
 /// bounds[parts] = n, each range as close to n / parts as the `align` grid allows (`align` = 1: exact split).
 std::vector<std::int64_t> even_bounds(std::int64_t n, int parts, std::int64_t align = 1);
 
 /// data[0, n) on every rank (n = bounds.back()): afterwards rank r's range [bounds[r], bounds[r+1]) holds the sum
-/// over ranks of that range, added in rank order (rank 0's value, + rank 1's, ...); the rest of `data` is left as
-/// it was. Sends (N-1)/N of the buffer.
+/// over ranks of that range, added in tree_order over the ranks; the rest of `data` is left as it was. Sends
+/// (N-1)/N of the buffer.
 void reduce_scatter_sum(communicator& c, float* data, const std::vector<std::int64_t>& bounds);
 /// Every rank's range [bounds[r], bounds[r+1]) of `data` copied to every rank. Sends 1/N of the buffer to each of
 /// N-1 ranks.
 void allgather_ranges(communicator& c, float* data, const std::vector<std::int64_t>& bounds);
-/// reduce_scatter_sum then allgather_ranges: every rank ends with the same rank-order sum.
+/// reduce_scatter_sum then allgather_ranges: every rank ends with the same tree-order sum.
 void allreduce_sum(communicator& c, float* data, std::int64_t n);
 /// Rank r's `mine` (a vector of any length) concatenated in rank order on every rank.
 std::vector<double> allgather_doubles(communicator& c, const std::vector<double>& mine);
-/// The sum over ranks of `x`, added in rank order, on every rank.
+/// The sum over ranks of `x`, added in tree_order, on every rank.
 double allreduce_sum(communicator& c, double x);
 /// Rank `root`'s string on every rank.
 std::string broadcast_string(communicator& c, const std::string& s, int root = 0);

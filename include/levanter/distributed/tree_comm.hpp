@@ -2,7 +2,7 @@
 // through one flat buffer holding the leaves in tree order.
 //
 //   std::vector<float> buf;
-//   levanter::distributed::reduce_tree(world, grads, buf);             // every rank: the rank-order sum
+//   levanter::distributed::reduce_tree(world, grads, buf);             // every rank: the tree-order sum
 //   levanter::distributed::reduce_tree(world, grads, buf, &bounds);    // rank r: the sum in its range only
 #pragma once
 
@@ -41,7 +41,7 @@ void copy_flat_range(M& tree, float* flat, std::int64_t lo, std::int64_t hi, boo
   });
 }
 
-/// Sums `tree` over the ranks in rank order. Without `bounds`, every rank ends with the whole sum; with them
+/// Sums `tree` over the ranks in tree_order. Without `bounds`, every rank ends with the whole sum; with them
 /// (one range per rank, as an optimizer's shard_bounds), rank r's range [bounds[r], bounds[r+1]) holds the sum and
 /// the rest of its tree is left as it was (half the traffic). `buf` is scratch kept between calls.
 template <class M>

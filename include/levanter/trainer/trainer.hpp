@@ -16,7 +16,7 @@
 // exactly what an uninterrupted one does.
 //
 // Over several ranks (mpirun; levanter/distributed/plan.hpp, docs/distributed.md) each rank computes its slice of
-// every global batch, the gradients are summed over the ranks in rank order, and the optimizer runs on every rank
+// every global batch, the gradients are summed over the ranks in a fixed tree order, and the optimizer runs on every rank
 // (data parallel) or on each rank's share of the state (ZeRO-1, when the optimizer came from `make_optimizer` of
 // this Trainer). Rank 0 alone writes checkpoints, logs and metrics, and runs the hooks (unless a hook asks for
 // every rank); decisions that depend on time (a time-based checkpoint) are taken on rank 0 and broadcast.
@@ -251,29 +251,38 @@ class Trainer {
       const auto step_key = haliax::random::fold_in(state.training_key, static_cast<std::uint32_t>(step));
 
       // ---- forward and backward over the micro-batches (gradient accumulation) ----
-      double loss_sum = 0;
-      std::optional<M> grads;
-      for (std::int64_t m = 0; m < micro; ++m) {
+      // The micro-batches' gradients and losses are added along distributed::tree_order's tree (left half + right
+      // half), computed left to right with at most log2(micro) partial sums alive. With a power-of-two rank count
+      // every rank's block of micro-batches is a subtree of the tree one process would use over all of them, and
+      // the sum over ranks continues it: the gradients do not depend on the rank count.
+      std::function<std::pair<M, double>(std::int64_t, std::int64_t)> accumulate =
+          [&](std::int64_t first, std::int64_t n) -> std::pair<M, double> {
+        if (n > 1) {
+          auto left = accumulate(first, n / 2);
+          auto right = accumulate(first + n / 2, n - n / 2);
+          haliax::tree::zip_leaves(left.first, right.first,
+                                   [](const std::string&, auto& acc, auto& x) { acc = acc + x; });
+          return {std::move(left.first), left.second + right.second};
+        }
         const auto tl = std::chrono::steady_clock::now();
         std::optional<lm_example> ex;
         {
           haliax::detail::profile::region r([] { return std::string("trainer: load batch"); }, 0.0);
-          ex.emplace(batches(offset + m * mb, mb));  // waits only if the cache has not reached these examples
+          ex.emplace(batches(offset + first * mb, mb));  // waits only if the cache has not reached these examples
         }
         loading_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
         forward_options fo;
         fo.inference = false;
-        fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(m));
+        // dropout keys by the micro-batch's index in the global batch, whichever rank computes it
+        fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(comm_.rank() * micro + first));
         fo.checkpointing = opts_.checkpointing;
         auto [loss, g] = haliax::value_and_grad([&](const M& p) { return loss_(p, *ex, fo); })(state.model);
-        loss_sum += loss.item();
-        if (!grads)
-          grads = std::move(g);
-        else
-          haliax::tree::zip_leaves(*grads, g, [](const std::string&, auto& acc, auto& x) { acc = acc + x; });
-      }
+        return {std::move(g), loss.item()};
+      };
+      auto [summed, loss_sum] = accumulate(0, micro);
+      std::optional<M> grads(std::move(summed));
       const bool watch_now = t.watch.enabled() && step % t.watch.interval == 0;
-      // ---- the sum over ranks (rank order): whole, or only this rank's range for a sharded optimizer (unless the
+      // ---- the sum over ranks (tree order): whole, or only this rank's range for a sharded optimizer (unless the
       // gradients are to be watched) ----
       if (ranks > 1) {
         haliax::detail::profile::region r([] { return std::string("trainer: reduce gradients"); }, 0.0);
