@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # train_lm over MPI ranks (docs/distributed.md), through the real program under mpirun -n 1, 2 and 4 (oversubscribed
 # on a small machine):
-#  - at a fixed micro-batch size (per_device_parallelism), data parallel and ZeRO-1 on 4 ranks and ZeRO-1 on 2 ranks
-#    (2 micro-batches each) give bitwise the losses, parameters and optimizer state of one process (4 micro-batches):
-#    the gradients are summed along one tree whatever the rank count; two runs on the same ranks are bitwise equal;
+#  - at a fixed micro-batch size (per_device_parallelism), data parallel, ZeRO-1 and FSDP on 4 ranks (one
+#    micro-batch each) and ZeRO-1 on 2 ranks (2 micro-batches each) give bitwise the losses, parameters and optimizer
+#    state of one process (4 micro-batches): the gradients are summed along one tree whatever the rank count; FSDP on
+#    2 ranks (2 micro-batches each, added after the sum over ranks) agrees within float tolerance; two runs on the
+#    same ranks and mapping are bitwise equal; FSDP keeps at most 30% of one process's parameters and moments per rank;
 #  - with the default micro-batch (the whole local batch) the rank counts agree within float tolerance;
+#  - tensor parallelism (model axis 2: heads and mlp split, GPT-2 and Llama) and FSDP x tensor parallelism (data 2 x
+#    model 2) agree with one process within float tolerance, and are bitwise reproducible; a checkpoint written under
+#    FSDP x TP resumes on one process;
 #  - mpirun -n 1 equals a run without mpirun;
 #  - a checkpoint written by 4 ranks (ZeRO-1: state gathered) resumes on 2 ranks and on 1, bitwise;
 #  - mistakes in the mapping end every rank with the message and exit code 2; a typo in fsdp_axis is named;
@@ -69,14 +74,53 @@ runn 4 --trainer.id dp4 --trainer.fsdp_axis '[]' --trainer.per_device_parallelis
 grep -q "4 ranks: mesh replica 1 x data 4 x model 1.*replicated" dp4.out || { cat dp4.out; fail "dp4: no plan line"; }
 bitwise ref dp4
 
-runn 4 --trainer.id z4 --trainer.per_device_parallelism 8 > z4.out 2>&1 || { cat z4.out; fail "mpirun -n 4 ZeRO-1 failed"; }
-grep -q "optimizer state sharded over data (ZeRO-1" z4.out || { cat z4.out; fail "z4: not sharded"; }
-bitwise ref z4
+runn 4 --trainer.id zero4 --trainer.shard_parameters false --trainer.per_device_parallelism 8 > zero4.out 2>&1 || { cat zero4.out; fail "mpirun -n 4 ZeRO-1 failed"; }
+grep -q "optimizer state sharded over data (ZeRO-1" zero4.out || { cat zero4.out; fail "zero4: not ZeRO-1"; }
+bitwise ref zero4
 
-runn 2 --trainer.id z2 --trainer.per_device_parallelism 8 > z2.out 2>&1 || { cat z2.out; fail "mpirun -n 2 failed"; }
-runn 2 --trainer.id z2b --trainer.per_device_parallelism 8 > z2b.out 2>&1 || { cat z2b.out; fail "mpirun -n 2 failed"; }
-bitwise ref z2
+# FSDP (the default mapping, fsdp_axis: embed) on 4 ranks, one micro-batch each.
+runn 4 --trainer.id z4 --trainer.per_device_parallelism 8 > z4.out 2>&1 || { cat z4.out; fail "mpirun -n 4 FSDP failed"; }
+grep -q "parameters and optimizer state sharded over data (FSDP" z4.out || { cat z4.out; fail "z4: not FSDP"; }
+bitwise ref z4
+# Parameters and moments kept per rank, against one process's.
+grep -o "FSDP: each rank keeps at most [0-9]* of the [0-9]* parameters" z4.out | awk '{ print $7, $10 }' |
+  awk '{ r = $1 / $2; printf "FSDP on 4 ranks: at most %d of %d parameters (and moments) per rank (%.1f%%)\n", $1, $2, 100 * r; exit !(NR == 1 && r <= 0.30) }' ||
+  { cat z4.out; fail "FSDP keeps more than 30% of the parameters and moments per rank"; }
+
+runn 2 --trainer.id zero2 --trainer.shard_parameters false --trainer.per_device_parallelism 8 > zero2.out 2>&1 || { cat zero2.out; fail "mpirun -n 2 ZeRO-1 failed"; }
+bitwise ref zero2
+runn 2 --trainer.id z2 --trainer.per_device_parallelism 8 > z2.out 2>&1 || { cat z2.out; fail "mpirun -n 2 FSDP failed"; }
+runn 2 --trainer.id z2b --trainer.per_device_parallelism 8 > z2b.out 2>&1 || { cat z2b.out; fail "mpirun -n 2 FSDP failed"; }
+close ref z2 1e-5
 bitwise z2 z2b
+
+# Tensor parallelism: 2 ranks, model axis 2 (no data parallelism); then FSDP x TP on 4 ranks (data 2 x model 2).
+tp=(--trainer.model_axis_size 2 --trainer.tensor_parallel_axes '[mlp, heads]' --trainer.per_device_parallelism 8)
+runn 2 --trainer.id tp2 "${tp[@]}" > tp2.out 2>&1 || { cat tp2.out; fail "mpirun -n 2 tensor parallel failed"; }
+grep -q "mesh replica 1 x data 1 x model 2.*tensor parallel over model: mlp heads" tp2.out || { cat tp2.out; fail "tp2: no TP plan line"; }
+runn 2 --trainer.id tp2b "${tp[@]}" > tp2b.out 2>&1 || { cat tp2b.out; fail "mpirun -n 2 tensor parallel failed"; }
+close ref tp2 1e-5
+bitwise tp2 tp2b
+runn 4 --trainer.id ftp4 "${tp[@]}" > ftp4.out 2>&1 || { cat ftp4.out; fail "mpirun -n 4 FSDP x TP failed"; }
+grep -q "data 2 x model 2.*(FSDP.*tensor parallel over model" ftp4.out || { cat ftp4.out; fail "ftp4: not FSDP x TP"; }
+close ref ftp4 1e-5
+# Its step-4 checkpoint (whole trees, gathered over both groups) resumes on one process.
+mkdir -p ckpt/ftp4on1
+cp -r ckpt/ftp4/step-4 ckpt/ftp4on1/
+run1 --trainer.id ftp4on1 --trainer.per_device_parallelism 8 > ftp4on1.out 2>&1 || { cat ftp4on1.out; fail "resume of the FSDP x TP checkpoint on 1 failed"; }
+grep -q "resumed from ckpt/ftp4on1/step-4 at step 4" ftp4on1.out || { cat ftp4on1.out; fail "did not resume ftp4 on 1"; }
+losses ftp4 | awk '$1 >= 4' > ftp4.tail
+losses ftp4on1 | paste ftp4.tail - | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 4 }' ||
+  fail "FSDP x TP checkpoint resumed on 1 process: losses not within 1e-5"
+# Llama (grouped-query heads split with the query heads) under TP against one process.
+llama=(--model.type llama --model.seq_len 128 --model.hidden_dim 32 --model.intermediate_dim 64 --model.num_heads 4
+       --model.num_kv_heads 2 --model.num_layers 2 --trainer.train_batch_size 8)
+run1 "${llama[@]}" --trainer.id lref > lref.out 2>&1 || { cat lref.out; fail "llama reference failed"; }
+runn 2 "${llama[@]}" --trainer.id ltp2 --trainer.model_axis_size 2 --trainer.tensor_parallel_axes '[mlp, heads]' \
+  > ltp2.out 2>&1 || { cat ltp2.out; fail "llama under TP failed"; }
+grep -q "tensor parallel over model: mlp heads kv_head" ltp2.out || { cat ltp2.out; fail "ltp2: kv heads not split"; }
+close lref ltp2 1e-5
+echo "OK: tensor parallelism (GPT-2, Llama) and FSDP x TP agree with one process"
 runn 4 --trainer.id default4 > default4.out 2>&1 || { cat default4.out; fail "mpirun -n 4 with the default micro-batch failed"; }
 
 run1 --trainer.id plain > plain.out 2>&1 || { cat plain.out; fail "plain run failed"; }
@@ -84,19 +128,24 @@ runn 1 --trainer.id n1 > n1.out 2>&1 || { cat n1.out; fail "mpirun -n 1 failed";
 bitwise plain n1
 close plain default4 1e-5
 
-# A 4-rank checkpoint (step-4, ZeRO-1: gathered to rank 0) resumes on 2 ranks and on 1.
-for n in 2 1; do
+# A 4-rank FSDP checkpoint (step-4: gathered to rank 0) resumes on 2 ranks (ZeRO-1: bitwise; FSDP: within float
+# tolerance, its 2 micro-batches per rank add in another order) and on 1.
+for n in 2 1 2f; do
   mkdir -p "ckpt/from4on$n"
   cp -r ckpt/z4/step-4 "ckpt/from4on$n/"
-  if [ "$n" -eq 1 ]; then
+  if [ "$n" = 1 ]; then
     run1 --trainer.id "from4on$n" --trainer.per_device_parallelism 8 > "from4on$n.out" 2>&1 || { cat "from4on$n.out"; fail "resume on 1 failed"; }
+  elif [ "$n" = 2 ]; then
+    runn 2 --trainer.id "from4on$n" --trainer.shard_parameters false --trainer.per_device_parallelism 8 > "from4on$n.out" 2>&1 || { cat "from4on$n.out"; fail "resume on 2 failed"; }
   else
-    runn "$n" --trainer.id "from4on$n" --trainer.per_device_parallelism 8 > "from4on$n.out" 2>&1 || { cat "from4on$n.out"; fail "resume on $n failed"; }
+    runn 2 --trainer.id "from4on$n" --trainer.per_device_parallelism 8 > "from4on$n.out" 2>&1 || { cat "from4on$n.out"; fail "FSDP resume on 2 failed"; }
   fi
   grep -q "resumed from ckpt/from4on$n/step-4 at step 4" "from4on$n.out" || { cat "from4on$n.out"; fail "did not resume on $n"; }
 done
-losses from4on1 > from4on1.losses
 losses z4 | awk '$1 >= 4' > z4.tail
+losses from4on2f | paste z4.tail - | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 4 }' ||
+  fail "resumed on 2 FSDP ranks: losses not within 1e-5 of the 4-rank run's"
+losses from4on1 > from4on1.losses
 cmp z4.tail from4on1.losses || fail "resumed on 1 rank: losses differ from the 4-rank run's"
 same_state z4 from4on1 8
 losses from4on2 > from4on2.losses
@@ -118,6 +167,17 @@ set -e
 [ "$code" -eq 2 ] || { cat bad2.out; fail "fsdp_axis typo: exit $code, expected 2"; }
 grep -q "trainer.fsdp_axis: 'embd' is not an axis of the model's parameters (they have: .*embed" bad2.out ||
   { cat bad2.out; fail "bad2 message"; }
+set +e
+runn 4 --trainer.id bad3 --trainer.model_axis_size 3 --trainer.tensor_parallel_axes '[mlp]' > bad3.out 2>&1
+code3=$?
+runn 2 --trainer.id bad4 --trainer.model_axis_size 2 > bad4.out 2>&1
+code4=$?
+runn 4 --trainer.id bad5 --trainer.model_axis_size 4 --trainer.tensor_parallel_axes '[heads]' --model.num_heads 2 > bad5.out 2>&1
+code5=$?
+set -e
+[ "$code3" -eq 2 ] && grep -q "trainer.model_axis_size: 3 does not divide the 4 ranks" bad3.out || { cat bad3.out; fail "bad3"; }
+[ "$code4" -eq 2 ] && grep -q "trainer.model_axis_size: 2 needs trainer.tensor_parallel_axes" bad4.out || { cat bad4.out; fail "bad4"; }
+[ "$code5" -eq 2 ] && grep -q "axis 'heads' of '.*' has size 2, which does not divide over 4 ranks" bad5.out || { cat bad5.out; fail "bad5"; }
 echo "OK: mapping mistakes end every rank with exit 2 and the key"
 
 # SIGKILL of one rank: the job ends within 30 s; a restart resumes bitwise.

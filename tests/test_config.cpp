@@ -588,7 +588,7 @@ TEST_CASE("validate: unsupported features are refused with what to use instead")
       {{"--optimizer.haps", "[10]"}, "use cycles"},
       {{"--model.attn_backend", "splash"}, "model.attn_backend"},
       {{"--data.permutation_type", "random"}, "use linear or feistel"},
-      {{"--trainer.model_axis_size", "2"}, "trainer.model_axis_size (command line): tensor parallelism"},
+      {{"--trainer.model_axis_size", "0"}, "trainer.model_axis_size (command line): must be positive"},
   };
   for (const auto& c : cases) {
     auto v = validate_yaml(kGood, c.args);

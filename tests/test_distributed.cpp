@@ -1,17 +1,25 @@
 // Tests for levanter/distributed: the tree-order float collectives, tree reductions, the plan from the trainer's
-// axis mappings, and ZeRO-1 AdamW against the unsharded update. Run by ctest on one process (the local backend)
+// axis mappings, ZeRO-1 and FSDP AdamW against the unsharded update, FSDP's just-in-time layers and tensor
+// parallelism against one process. Run by ctest on one process (the local backend)
 // and under `mpirun -n 3` (an odd rank count, so ranges are uneven), where every check runs on every rank.
 #include <doctest/doctest.h>
 
 #include <boost/hana/define_struct.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <haliax/haliax.hpp>
 #include <levanter/config/types.hpp>
 #include <levanter/config/yaml.hpp>
 #include <levanter/distributed/comm.hpp>
+#include <levanter/distributed/fsdp.hpp>
 #include <levanter/distributed/plan.hpp>
+#include <levanter/distributed/tensor_parallel.hpp>
 #include <levanter/distributed/tree_comm.hpp>
+#include <levanter/models/gpt2.hpp>
 #include <levanter/optim/optimizer.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -72,6 +80,24 @@ model make_model(unsigned seed) {
     for (std::int64_t i = 0; i < x.element_count(); ++i) x.data()[i] = n(g);
   });
   return m;
+}
+
+template <class M>
+bool same_bits_any(const M& a, const M& b) {
+  bool same = true;
+  std::vector<const float*> pa;
+  std::vector<std::int64_t> na;
+  hax::tree::for_each_leaf(a, [&](const std::string&, const auto& x) {
+    pa.push_back(x.data());
+    na.push_back(x.element_count());
+  });
+  std::size_t k = 0;
+  hax::tree::for_each_leaf(b, [&](const std::string&, const auto& x) {
+    same = same && k < pa.size() && x.element_count() == na[k] &&
+           std::memcmp(x.data(), pa[k], static_cast<std::size_t>(na[k]) * 4) == 0;
+    ++k;
+  });
+  return same && k == pa.size();
 }
 
 bool same_bits(const model& a, const model& b) {
@@ -213,6 +239,18 @@ TEST_CASE("ZeRO-1 AdamW equals the unsharded update bit for bit, with every clip
     opt::adamw_optimizer<model> full(cfg, 20, p_full);
     opt::adamw_optimizer<model> sharded(cfg, 20, p_shard, &w, true);
     CHECK((sharded.shard_bounds() != nullptr) == (w.size() > 1));
+    // FSDP: the same optimizer on this rank's flat range of the parameters and gradients only.
+    auto p_ranged_init = make_model(7);
+    opt::adamw_optimizer<model> ranged(cfg, 20, p_ranged_init, &w, true);
+    std::vector<float> p_range;
+    std::int64_t r_lo = 0, r_hi = 0;
+    if (w.size() > 1) {
+      const auto& b = *ranged.shard_bounds();
+      r_lo = b[w.rank()], r_hi = b[w.rank() + 1];
+      std::vector<float> flat(static_cast<std::size_t>(b.back()));
+      dist::copy_flat_range(p_ranged_init, flat.data(), 0, b.back(), true);
+      p_range.assign(flat.begin() + r_lo, flat.begin() + r_hi);
+    }
     for (int step = 0; step < 6; ++step) {
       const auto g = make_model(1000 + static_cast<unsigned>(step));  // the same reduced gradient on every rank
       const double loss = step == 4 ? 50.0 : 3.0 - 0.1 * step;       // step 4 trips skip_bad_steps
@@ -222,6 +260,16 @@ TEST_CASE("ZeRO-1 AdamW equals the unsharded update bit for bit, with every clip
       CHECK(a.update_norm == b.update_norm);
       CHECK(a.skipped == b.skipped);
       REQUIRE(same_bits(p_full, p_shard));
+      if (w.size() > 1) {
+        const std::int64_t total = dist::flat_size(g);
+        std::vector<float> gf(static_cast<std::size_t>(total)), pf(gf.size());
+        dist::copy_flat_range(const_cast<model&>(g), gf.data(), 0, total, true);
+        const auto c = ranged.update_range(p_range.data(), gf.data() + r_lo, loss);
+        CHECK(c.grad_norm == a.grad_norm);
+        CHECK(c.update_norm == a.update_norm);
+        dist::copy_flat_range(p_full, pf.data(), 0, total, true);
+        REQUIRE(std::memcmp(p_range.data(), pf.data() + r_lo, static_cast<std::size_t>(r_hi - r_lo) * 4) == 0);
+      }
     }
     // The gathered state is the unsharded state (what a checkpoint holds and trainer.watch sees).
     std::vector<model> full_state, sharded_state;
@@ -271,7 +319,25 @@ TEST_CASE("the plan follows the trainer's axis mappings and refuses what it cann
   c.train_batch_size = levanter::config::IntSchedule(12);
   refused(c, 5, "trainer.train_batch_size: 12 (from step 0) does not divide over 5 ranks");
   c.model_axis_size = 2;
-  refused(c, 2, "tensor parallelism is not implemented");
+  refused(c, 2, "trainer.model_axis_size: 2 needs trainer.tensor_parallel_axes");
+  refused(c, 3, "trainer.model_axis_size: 2 does not divide the 3 ranks");
+  c.tensor_parallel_axes = std::vector<std::string>{"hidden"};
+  p = dist::make_plan(c, 4, axes);  // 2 data groups x 2 model ranks
+  CHECK(p.mesh.data == 2);
+  CHECK(p.mesh.model == 2);
+  CHECK(p.local_batch(0) == 6);
+  CHECK(p.shard_parameters);  // FSDP over the data ranks
+  CHECK(p.model_axes == std::vector<std::string>{"hidden"});
+  p = dist::make_plan(c, 2, axes);  // one data rank: nothing to shard
+  CHECK_FALSE(p.shard_optimizer);
+  c.tensor_parallel_axes = std::vector<std::string>{"mlp"};
+  refused(c, 2, "trainer.tensor_parallel_axes: 'mlp' is not an axis of the model's parameters");
+  c = {};
+  c.train_batch_size = levanter::config::IntSchedule(12);
+  c.shard_parameters = false;
+  p = dist::make_plan(c, 2, axes);
+  CHECK(p.shard_optimizer);
+  CHECK_FALSE(p.shard_parameters);  // ZeRO-1
   c = {};
   c.train_batch_size = levanter::config::IntSchedule(12);
   c.per_device_parallelism = 5;
@@ -282,4 +348,192 @@ TEST_CASE("the plan follows the trainer's axis mappings and refuses what it cann
   refused(c, 2, "only the batch axis can be split over data");
   c.axis_resources["embed"] = levanter::config::StringOrList{"gpu"};
   refused(c, 2, "'gpu' is not a mesh axis");
+}
+
+namespace {
+
+levanter::Gpt2Config tiny_gpt2() {
+  levanter::Gpt2Config c;
+  c.seq_len = 8;
+  c.hidden_dim = 16;
+  c.num_heads = 2;
+  c.num_layers = 3;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("FSDP: layers gathered just in time give the data-parallel loss and gradients, bit for bit") {
+  using levanter::gpt2::LMHeadModel;
+  auto& w = world();
+  const auto cfg = tiny_gpt2();
+  const auto m = LMHeadModel::init(cfg, 11, hax::random::make_key(3));  // the same on every rank
+  // This rank's batch.
+  std::mt19937 g(static_cast<unsigned>(17 + w.rank()));
+  std::vector<std::int32_t> t(16);
+  for (auto& x : t) x = static_cast<std::int32_t>(g() % 11);
+  const auto tokens = hax::from_host<std::int32_t>(t, 2 * levanter::Batch, 8 * levanter::Pos);
+  const auto ex = levanter::lm_example::causal(tokens, 10);
+  const std::int64_t total = dist::flat_size(m);
+  // Even ranges that cut through leaves and layers (not AdamW's chunks: the tiny model is one chunk).
+  const auto bounds = dist::even_bounds(total, w.size());
+  const std::int64_t lo = bounds[w.rank()], hi = bounds[w.rank() + 1];
+  for (auto policy : {hax::nn::checkpoint_policy::none, hax::nn::checkpoint_policy::per_layer,
+                      hax::nn::checkpoint_policy::nested}) {
+    CAPTURE(static_cast<int>(policy));
+    levanter::forward_options fo;
+    fo.checkpointing = policy;
+    auto loss_fn = [&](const LMHeadModel& p) { return levanter::compute_next_token_loss(p, cfg, ex, 0.0, fo); };
+    // Data parallel: the whole model on every rank, gradients summed over the ranks (tree order).
+    auto [l1, g1] = hax::value_and_grad(loss_fn)(m);
+    std::vector<float> buf;
+    dist::reduce_tree(w, g1, buf);
+    std::vector<float> want(static_cast<std::size_t>(total));
+    dist::copy_flat_range(g1, want.data(), 0, total, true);
+    // FSDP.
+    dist::fsdp_params<LMHeadModel> fs(w, bounds, m);
+    CHECK(fs.params().size() == static_cast<std::size_t>(hi - lo));
+    CHECK_FALSE(fs.skeleton().embeddings.token_embeddings.weight.valid());
+    const auto sent0 = w.bytes_sent();
+    auto step = fs.step_model();
+    CHECK_FALSE(step.transformer.blocks.stacked.attn.c_attn.weight.valid());  // layers come from the ranks
+    CHECK(step.transformer.blocks.num_layers() == 3);
+    auto [l2, g2] = hax::value_and_grad(loss_fn)(step);
+    fs.reduce_rest(g2);
+    // Bytes sent (docs/distributed.md): this rank's part of every parameter to each other rank once for the
+    // step, of every layer once more per forward and once more per recomputation; every element of the
+    // reduce-scatters it does not keep.
+    std::int64_t own_rest = 0, own_stacked = 0;
+    for (const auto& l : fs.leaves()) {
+      const std::int64_t own = std::max<std::int64_t>(0, std::min(hi, l.offset + l.count) - std::max(lo, l.offset));
+      (l.stacked ? own_stacked : own_rest) += own;
+    }
+    const std::int64_t passes = policy == hax::nn::checkpoint_policy::none ? 1 : 2;
+    const std::uint64_t expect_bytes =
+        w.size() == 1 ? 0
+                      : static_cast<std::uint64_t>(4 * (w.size() - 1) * (own_rest + passes * own_stacked) +
+                                                   4 * (total - (hi - lo)));
+    CHECK(w.bytes_sent() - sent0 == expect_bytes);
+    CHECK(l1.item() == l2.item());
+    REQUIRE(std::memcmp(fs.grads().data(), want.data() + lo, static_cast<std::size_t>(hi - lo) * 4) == 0);
+    // The summed gradient whole again, and the parameters.
+    CHECK(same_bits_any(fs.whole_grads(), g1));
+    CHECK(same_bits_any(fs.whole(), m));
+    // Without a gradient the sourced layers give the same forward.
+    const auto plain = levanter::compute_next_token_loss(m, cfg, ex, 0.0, levanter::forward_options{});
+    const auto sourced = levanter::compute_next_token_loss(step, cfg, ex, 0.0, levanter::forward_options{});
+    CHECK(plain.item() == sourced.item());
+  }
+}
+
+TEST_CASE("tensor parallelism: one process's loss, gradients and AdamW update from the ranks' slices") {
+  using levanter::gpt2::LMHeadModel;
+  auto& w = world();
+  const int T = w.size();
+  levanter::Gpt2Config cfg;
+  cfg.seq_len = 8;
+  cfg.hidden_dim = 24;
+  cfg.num_heads = 12;  // 12 heads and 96 mlp units divide over 1, 2, 3 and 4 ranks
+  cfg.num_layers = 2;
+  const auto m = LMHeadModel::init(cfg, 11, hax::random::make_key(5));
+  std::mt19937 g(29);  // the same batch on every rank: a model group computes one batch together
+  std::vector<std::int32_t> t(16);
+  for (auto& x : t) x = static_cast<std::int32_t>(g() % 11);
+  const auto ex = levanter::lm_example::causal(hax::from_host<std::int32_t>(t, 2 * levanter::Batch, 8 * levanter::Pos), 10);
+  levanter::forward_options fo;
+  fo.checkpointing = hax::nn::checkpoint_policy::per_layer;
+  auto loss_fn = [&](const LMHeadModel& p) { return levanter::compute_next_token_loss(p, cfg, ex, 0.0, fo); };
+  auto [l1, g1] = hax::value_and_grad(loss_fn)(m);
+
+  const std::vector<std::string> split{"heads", "mlp"};
+  const auto dims = dist::split_dims(m, split);
+  const auto local = dist::slice_model(m, dims, w.rank(), T);
+  CHECK(local.transformer.blocks.stacked.attn.c_attn.weight.size(levanter::Heads) == 12 / T);
+  CHECK(same_bits_any(dist::assemble_model(local, dims, w), m));  // slices join back to the model
+  hax::nn::tensor_parallel tp{split, [&](float* x, std::int64_t n) { dist::allreduce_sum(w, x, n); }};
+  std::optional<LMHeadModel> g2;
+  float l2 = 0;
+  const auto sent0 = w.bytes_sent();
+  {
+    hax::nn::tensor_parallel_scope scope(tp);
+    auto [l, gl] = hax::value_and_grad(loss_fn)(local);
+    l2 = l.item();
+    g2.emplace(std::move(gl));
+  }
+  // Bytes (docs/distributed.md): per layer, the two row-parallel outputs summed in forward and again in the
+  // recomputation, and the two column-parallel inputs' gradients in backward: 6 all-reduces of {batch, position,
+  // embed}, each sending what the reduce-scatter does not keep and this rank's range to every other rank.
+  {
+    const std::int64_t n = 2 * 8 * 24;
+    const auto b = dist::even_bounds(n, T, 16);
+    const std::int64_t mine = b[w.rank() + 1] - b[w.rank()];
+    const std::int64_t per = T == 1 ? 0 : 4 * (n - mine) + 4 * mine * (T - 1);
+    CHECK(w.bytes_sent() - sent0 == static_cast<std::uint64_t>(6 * cfg.num_layers * per));
+  }
+  CHECK(l2 == doctest::Approx(l1.item()).epsilon(1e-6));
+  const auto losses = dist::allgather_doubles(w, {static_cast<double>(l2)});  // the group computes one loss
+  for (double x : losses) CHECK(x == static_cast<double>(l2));
+  const auto g_whole = dist::assemble_model(*g2, dims, w);
+  // Every gradient within float rounding of one process's (relative to the leaf's largest entry).
+  std::vector<std::vector<float>> want;
+  hax::tree::for_each_leaf(g1, [&](const std::string&, const auto& x) { want.push_back(x.to_host()); });
+  std::size_t k = 0;
+  hax::tree::for_each_leaf(g_whole, [&](const std::string& name, const auto& x) {
+    CAPTURE(name);
+    const auto got = x.to_host();
+    REQUIRE(got.size() == want[k].size());
+    float scale = 1e-30f;
+    for (float v : want[k]) scale = std::max(scale, std::abs(v));
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(std::abs(got[i] - want[k][i]) <= 1e-5f * scale);
+    ++k;
+  });
+
+  // AdamW on the slices with the group's norms: one process's update (clipping active).
+  levanter::AdamConfig acfg;
+  acfg.learning_rate = 1e-2;
+  acfg.weight_decay = 0.1;
+  acfg.warmup = 0.0;
+  acfg.max_grad_norm = 1e-3;
+  auto p_full = hax::tree::map(m, [](const std::string&, const auto& x) { return x * 1.0f; });
+  auto p_local = hax::tree::map(local, [](const std::string&, const auto& x) { return x * 1.0f; });
+  opt::adamw_optimizer<LMHeadModel> full(acfg, 20, p_full);
+  opt::adamw_optimizer<LMHeadModel> sliced(acfg, 20, p_local);
+  opt::tensor_parallel_codec<LMHeadModel> c;
+  c.group = &w;
+  for (int d : dims) c.split.push_back(d >= 0 ? 1 : 0);
+  c.to_global = [&](const LMHeadModel& l) { return dist::assemble_model(l, dims, w); };
+  c.to_local = [&](const LMHeadModel& x) { return dist::slice_model(x, dims, w.rank(), T); };
+  c.local_zeros = [&](const LMHeadModel& x) { return dist::local_zeros(x, dims, T); };
+  sliced.set_tensor_parallel(c);
+  const auto g_local = dist::slice_model(g1, dims, w.rank(), T);
+  const auto a = full.update(p_full, g1, 3.0);
+  const auto b = sliced.update(p_local, g_local, 3.0);
+  CHECK(b.grad_norm == doctest::Approx(a.grad_norm).epsilon(1e-9));
+  CHECK(b.update_norm == doctest::Approx(a.update_norm).epsilon(1e-6));
+  const auto p_joined = dist::assemble_model(p_local, dims, w);
+  std::vector<std::vector<float>> pw;
+  hax::tree::for_each_leaf(p_full, [&](const std::string&, const auto& x) { pw.push_back(x.to_host()); });
+  k = 0;
+  hax::tree::for_each_leaf(p_joined, [&](const std::string& name, const auto& x) {
+    CAPTURE(name);
+    const auto got = x.to_host();
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(std::abs(got[i] - pw[k][i]) <= 1e-6f * (1.0f + std::abs(pw[k][i])));
+    ++k;
+  });
+  // The moments the optimizer shows (checkpoints, trainer.watch) are whole trees, one process's.
+  std::vector<LMHeadModel> sf, ss;
+  auto copy = [](const LMHeadModel& x) { return hax::tree::map(x, [](const std::string&, const auto& y) { return y * 1.0f; }); };
+  full.for_each_state_tree([&](const std::string&, const LMHeadModel& x) { sf.push_back(copy(x)); }, p_full);
+  sliced.for_each_state_tree([&](const std::string&, const LMHeadModel& x) { ss.push_back(copy(x)); }, p_full);
+  REQUIRE(ss.size() == 2);
+  std::vector<std::vector<float>> mw;
+  hax::tree::for_each_leaf(sf[0], [&](const std::string&, const auto& x) { mw.push_back(x.to_host()); });
+  k = 0;
+  hax::tree::for_each_leaf(ss[0], [&](const std::string& name, const auto& x) {
+    CAPTURE(name);
+    const auto got = x.to_host();
+    REQUIRE(got.size() == mw[k].size());
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(std::abs(got[i] - mw[k][i]) <= 1e-6f * (1e-6f + std::abs(mw[k][i])));
+    ++k;
+  });
 }

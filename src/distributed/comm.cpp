@@ -38,6 +38,7 @@ class local_communicator final : public communicator {
     if (sc.at(0) && static_cast<const char*>(send) + sd.at(0) != static_cast<char*>(recv) + rd.at(0))
       std::memmove(static_cast<char*>(recv) + rd.at(0), static_cast<const char*>(send) + sd.at(0), sc[0]);
   }
+  std::unique_ptr<communicator> split(int, int) override { return std::make_unique<local_communicator>(); }
   [[noreturn]] void abort_job(const std::string& why, int code) override {
     std::cerr << why << std::endl;
     std::exit(code);

@@ -70,6 +70,10 @@ class mpi_communicator final : public communicator {
  public:
   mpi_communicator() {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    setup();
+  }
+  explicit mpi_communicator(MPI_Comm c) : comm_(c) { setup(); }
+  void setup() {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -129,6 +133,12 @@ class mpi_communicator final : public communicator {
     for (int q = 0; q < size_; ++q)
       if (q != rank_) sent += sc[q];
     count_sent(sent);
+  }
+
+  std::unique_ptr<communicator> split(int color, int key) override {
+    MPI_Comm c{};
+    check(MPI_Comm_split(comm_, color, key, &c), "comm_split");
+    return std::make_unique<mpi_communicator>(c);
   }
 
   [[noreturn]] void abort_job(const std::string& why, int code) override {

@@ -154,6 +154,10 @@ class nccl_communicator final : public communicator {
     count_sent(sent);
   }
 
+  std::unique_ptr<communicator> split(int, int) override {
+    throw comm_error("the NCCL communicator cannot be split yet (tensor parallelism runs over MPI)");
+  }
+
   [[noreturn]] void abort_job(const std::string& why, int code) override {
     // Printed before ncclCommAbort, which can itself block on a wedged device; host.abort_job prints it again.
     std::cerr << why << std::endl;

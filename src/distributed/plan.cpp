@@ -32,10 +32,16 @@ std::string plan::describe() const {
   std::string s = std::to_string(world) + (world == 1 ? " rank" : " ranks") + ": mesh replica " +
                   std::to_string(mesh.replica) + " x data " + std::to_string(mesh.data) + " x model " +
                   std::to_string(mesh.model) + "; batch split over data";
-  if (shard_optimizer)
-    s += "; optimizer state sharded over data (ZeRO-1, from fsdp_axis)";
+  if (shard_parameters)
+    s += "; parameters and optimizer state sharded over data (FSDP, from fsdp_axis)";
+  else if (shard_optimizer)
+    s += "; optimizer state sharded over data (ZeRO-1, from fsdp_axis with shard_parameters: false)";
   else if (mesh.data > 1)
     s += "; parameters and optimizer state replicated (pure data parallel)";
+  if (mesh.model > 1) {
+    s += "; tensor parallel over model:";
+    for (const auto& a : model_axes) s += " " + a;
+  }
   return s;
 }
 
@@ -47,16 +53,15 @@ plan make_plan(const TrainerConfig& t, int world, const std::set<std::string>& m
     throw config::config_error("trainer." + key + ": " + what + " (docs/distributed.md)");
   };
   if (t.model_axis_size < 1) fail("model_axis_size", "must be at least 1");
-  if (t.model_axis_size > 1)
-    fail("model_axis_size", std::to_string(t.model_axis_size) +
-                                ": tensor parallelism is not implemented in this version; use model_axis_size: 1 "
-                                "(the ranks then split the batch)");
+  if (world % t.model_axis_size != 0)
+    fail("model_axis_size", std::to_string(t.model_axis_size) + " does not divide the " + std::to_string(world) +
+                                " ranks; the ranks form data x model groups");
   const int replica = static_cast<int>(t.replica_ici_axis_size) *
                       static_cast<int>(t.replica_dcn_axis_size == -1 ? 1 : t.replica_dcn_axis_size);
   if (replica != 1) fail("replica_ici_axis_size", "replica mesh axes are not implemented; use 1");
-  p.mesh.model = 1;
+  p.mesh.model = static_cast<int>(t.model_axis_size);
   p.mesh.replica = 1;
-  p.mesh.data = world;
+  p.mesh.data = world / p.mesh.model;
 
   if (t.batch_axis != "batch")
     fail("batch_axis", "'" + t.batch_axis + "': the models' batch axis is named 'batch'");
@@ -70,7 +75,10 @@ plan make_plan(const TrainerConfig& t, int world, const std::set<std::string>& m
     p.fsdp_axes.push_back(a);
   }
   if (t.tensor_parallel_axes)
-    for (const auto& a : *t.tensor_parallel_axes) check_axis("tensor_parallel_axes", a);
+    for (const auto& a : *t.tensor_parallel_axes) {
+      check_axis("tensor_parallel_axes", a);
+      if (p.mesh.model > 1) p.model_axes.push_back(a);
+    }
   for (const auto& [axis, to] : t.parameter_axis_resources) {
     check_axis("parameter_axis_resources", axis);
     for (const auto& m : to.items) {
@@ -78,6 +86,9 @@ plan make_plan(const TrainerConfig& t, int world, const std::set<std::string>& m
         fail("parameter_axis_resources." + axis, "'" + m + "' is not a mesh axis (replica, data or model)");
       if (m == "data" && std::find(p.fsdp_axes.begin(), p.fsdp_axes.end(), axis) == p.fsdp_axes.end())
         p.fsdp_axes.push_back(axis);
+      if (m == "model" && p.mesh.model > 1 &&
+          std::find(p.model_axes.begin(), p.model_axes.end(), axis) == p.model_axes.end())
+        p.model_axes.push_back(axis);
     }
   }
   for (const auto& [axis, to] : t.axis_resources) {
@@ -90,25 +101,47 @@ plan make_plan(const TrainerConfig& t, int world, const std::set<std::string>& m
              "implemented)");
     }
   }
-  if (!p.fsdp_axes.empty() && world > 1) {
+  if (p.mesh.model > 1) {
+    if (p.model_axes.empty())
+      fail("model_axis_size", std::to_string(p.mesh.model) +
+                                  " needs trainer.tensor_parallel_axes (e.g. [mlp, heads]): the axes split over the "
+                                  "model mesh axis");
+    // Grouped-query attention: the key/value heads split with the query heads.
+    if (std::find(p.model_axes.begin(), p.model_axes.end(), "heads") != p.model_axes.end() &&
+        model_axes.count("kv_head") &&
+        std::find(p.model_axes.begin(), p.model_axes.end(), "kv_head") == p.model_axes.end())
+      p.model_axes.push_back("kv_head");
+    std::string names;
+    for (const auto& a : p.model_axes) names += (names.empty() ? "" : ", ") + a;
+    p.notes.push_back("tensor parallelism: " + names + " split over " + std::to_string(p.mesh.model) +
+                      " model ranks (column-parallel Linear where an output axis is split, row-parallel where an "
+                      "input axis is)");
+  }
+  if (!p.fsdp_axes.empty() && p.mesh.data > 1) {
     p.shard_optimizer = true;
-    p.notes.push_back("trainer.fsdp_axis maps parameter axes to data: the optimizer state is sharded over the " +
-                      std::to_string(world) +
-                      " data ranks (ZeRO-1); the parameters stay whole on every rank (FSDP parameter sharding is "
-                      "not implemented)");
+    p.shard_parameters = t.shard_parameters;
+    if (p.shard_parameters)
+      p.notes.push_back("trainer.fsdp_axis maps parameter axes to data: each of the " + std::to_string(p.mesh.data) +
+                        " ranks keeps one contiguous share of the flattened parameters and of their optimizer state "
+                        "(in AdamW's 32768-element chunks, whatever the axis named); layers are gathered just in time");
+    else
+      p.notes.push_back("trainer.shard_parameters is false: the optimizer state is sharded over the " +
+                        std::to_string(p.mesh.data) + " data ranks (ZeRO-1); the parameters stay whole on every rank");
   }
 
   // Every batch size of the schedule divides over the data ranks, and the local batch over per_device_parallelism.
+  const int data = p.mesh.data;
   for (const auto& s : t.train_batch_size.steps) {
-    if (s.value % world != 0)
+    if (s.value % data != 0)
       fail("train_batch_size", std::to_string(s.value) + " (from step " + std::to_string(s.start) +
-                                   ") does not divide over " + std::to_string(world) +
-                                   " ranks; use a multiple of the rank count");
-    const std::int64_t local = s.value / world;
+                                   ") does not divide over " + std::to_string(data) +
+                                   (data == world ? " ranks; use a multiple of the rank count"
+                                                  : " data ranks; use a multiple of the data axis size"));
+    const std::int64_t local = s.value / data;
     if (t.per_device_parallelism > 0 && local > t.per_device_parallelism && local % t.per_device_parallelism != 0)
       fail("per_device_parallelism", std::to_string(t.per_device_parallelism) + " does not divide the " +
-                                         std::to_string(local) + " examples each of the " + std::to_string(world) +
-                                         " ranks computes at batch size " + std::to_string(s.value));
+                                         std::to_string(local) + " examples each of the " + std::to_string(data) +
+                                         " data ranks computes at batch size " + std::to_string(s.value));
   }
   return p;
 }

@@ -66,10 +66,12 @@ void validate(config::validator& v, const TrainerConfig& t) {
   if (t.shutdown_at_exit)
     v.refuse("trainer.shutdown_at_exit", "shutting the machine down at exit is not supported",
              "set shutdown_at_exit: false");
-  if (t.model_axis_size > 1)
-    v.refuse("trainer.model_axis_size", "tensor parallelism (model_axis_size " + std::to_string(t.model_axis_size) +
-             ") is not implemented (ranks split the batch; docs/distributed.md)", "use model_axis_size: 1");
-  if (t.model_axis_size <= 0) v.error("trainer.model_axis_size", "must be positive; use 1");
+  // Tensor parallelism: ranks per model group (docs/distributed.md); that it divides the rank count and that
+  // tensor_parallel_axes is set is checked when the ranks are known (distributed::make_plan).
+  if (t.model_axis_size <= 0)
+    v.error("trainer.model_axis_size", "must be positive; use 1");
+  else
+    check_int(v, "trainer.model_axis_size", t.model_axis_size, 1, std::int64_t{1} << 16, "ranks per model group");
   if (t.replica_ici_axis_size != 1)
     v.refuse("trainer.replica_ici_axis_size", "replica mesh axes are not implemented (docs/distributed.md)",
              "use replica_ici_axis_size: 1");

@@ -20,6 +20,7 @@
 #include "../ops/dot.hpp"
 #include "../ops/elementwise.hpp"
 #include "../random.hpp"
+#include "tensor_parallel.hpp"
 
 namespace haliax::nn {
 
@@ -72,6 +73,27 @@ struct Linear<axes<I...>, axes<O...>, axes<P...>, T, OutFirst> {
   template <class AxX>
   requires(sizeof...(P) == 0) && LinearInput<axis_types_of<AxX>, in_types, out_types>
   auto operator()(const named_array<T, AxX>& x) const {
+    if constexpr (std::is_same_v<T, float>) {
+      // Tensor parallelism (tensor_parallel.hpp): column-parallel when an output axis is split, row-parallel when
+      // an input axis is.
+      if (const tensor_parallel* tp = current_tensor_parallel()) {
+        const bool row = (tp->splits(std::remove_cvref_t<decltype(I)>::name) || ...);
+        const bool col = (tp->splits(std::remove_cvref_t<decltype(O)>::name) || ...);
+        if (row && col)
+          throw shape_error("haliax::nn::Linear: both an input and an output axis are split over the tensor-parallel "
+                            "group; split one of them");
+        if (col) {
+          auto y = dot(detail::tp::enter(x, *tp), weight, I...);
+          if (bias) return add(y, *bias);
+          return y;
+        }
+        if (row) {
+          auto y = detail::tp::leave(dot(x, weight, I...), *tp);
+          if (bias) return add(y, *bias);
+          return y;
+        }
+      }
+    }
     auto y = dot(x, weight, I...);
     if (bias) return add(y, *bias);
     return y;

@@ -133,6 +133,16 @@ concept LayerFunction = std::invocable<const F&, const Layer&, const Carry&, std
     ReturnsCarry<std::remove_cvref_t<std::invoke_result_t<const F&, const Layer&, const Carry&, std::int64_t>>,
                  Carry>;
 
+/// Where a Stacked's layers come from when they are not held in its own arrays: `layer(i)` returns layer i as
+/// fresh arrays (while a gradient is taken, tracked so that their gradients reach the source's owner). Levanter's
+/// FSDP (levanter/distributed/fsdp.hpp) gathers each layer's parameters from the ranks just in time this way.
+template <class Layer>
+struct layer_source {
+  virtual ~layer_source() = default;
+  virtual std::int64_t num_layers() const = 0;
+  virtual Layer layer(std::int64_t i) const = 0;
+};
+
 /// `Block<axes<>>` is one layer and `Block<axes<LayersAx>>` the same module with every parameter stacked on a
 /// leading Layers axis. Reflected names: `stacked.<block fields>` (as upstream).
 template <auto LayersAx, template <class> class Block>
@@ -142,6 +152,9 @@ struct Stacked {
   /// Upstream class name (`haliax.nn.Stacked`): weight-decay masks also match the class path `<class_name>.<field>`.
   static constexpr std::string_view class_name = "Stacked";
   BOOST_HANA_DEFINE_STRUCT(Stacked, (stacked_type, stacked));
+  /// When set, `fold` and `unstack` take the layers from here and `stacked` is not read (not a parameter: trees,
+  /// checkpoints and optimizers never see it).
+  std::shared_ptr<const layer_source<layer_type>> source;
 
   /// Builds `n` layers with `make(key_i)` (keys from `split(k, n)`, as upstream's vmapped init) and stacks them.
   template <class Make>
@@ -173,6 +186,7 @@ struct Stacked {
 
   /// Number of layers (the size of the leading axis of every parameter).
   std::int64_t num_layers() const {
+    if (source) return source->num_layers();
     std::int64_t n = -1;
     tree::for_each_leaf(stacked, [&](const std::string&, const auto& leaf) {
       if (n < 0) n = leaf.sizes()[0];
@@ -184,6 +198,11 @@ struct Stacked {
   /// view's gradient is added into its slice of the stacked parameter's gradient as soon as it is produced.
   std::vector<layer_type> unstack() const {
     const std::int64_t n = num_layers();
+    if (source) {
+      std::vector<layer_type> from_source;
+      for (std::int64_t i = 0; i < n; ++i) from_source.push_back(source->layer(i));
+      return from_source;
+    }
     std::vector<layer_type> layers(static_cast<std::size_t>(n < 0 ? 0 : n));
     if (layers.empty()) return layers;
     std::vector<layer_type*> ptrs;
@@ -234,6 +253,7 @@ struct Stacked {
   template <class Carry, class F>
   requires LayerFunction<F, layer_type, Carry>
   Carry fold(Carry x, F f, checkpoint_policy policy = checkpoint_policy::none) const {
+    if (source) return fold_from_source(std::move(x), f, policy);
     auto layers = unstack();
     const auto n = static_cast<std::int64_t>(layers.size());
     if (policy == checkpoint_policy::none || !is_recording()) {
@@ -258,6 +278,36 @@ struct Stacked {
       std::vector<layer_type> g(layers.begin() + first, layers.begin() + last);
       x = run_group(g, x, first);
     }
+    return x;
+  }
+
+ private:
+  // fold over layers taken from `source` one at a time: a layer's arrays live only while it runs (and, under a
+  // checkpoint policy, again while its group is recomputed in backward), so at most one group is whole at once.
+  template <class Carry, class F>
+  Carry fold_from_source(Carry x, F f, checkpoint_policy policy) const {
+    const std::int64_t n = source->num_layers();
+    std::shared_ptr<const layer_source<layer_type>> src = source;
+    if (policy == checkpoint_policy::none || !is_recording()) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const layer_type layer = src->layer(i);
+        x = f(layer, x, i);
+      }
+      return x;
+    }
+    const std::int64_t group =
+        policy == checkpoint_policy::per_layer
+            ? 1
+            : static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(n))));
+    auto run_group = checkpoint([f, src](const Carry& c, std::int64_t first, std::int64_t last) -> Carry {
+      Carry y = c;
+      for (std::int64_t i = first; i < last; ++i) {
+        const layer_type layer = src->layer(i);
+        y = f(layer, y, i);
+      }
+      return y;
+    });
+    for (std::int64_t first = 0; first < n; first += group) x = run_group(x, first, std::min(n, first + group));
     return x;
   }
 };

@@ -62,6 +62,9 @@ class communicator {
                          const std::vector<std::size_t>& recv_counts, const std::vector<std::size_t>& recv_displs) = 0;
   /// Ends every process of the job with `code` after printing `why` (never returns).
   [[noreturn]] virtual void abort_job(const std::string& why, int code) = 0;
+  /// The ranks with the same `color` as a communicator of their own, ordered by `key` (collective: every rank
+  /// calls it). Tensor parallelism splits the world into data groups and model groups this way.
+  virtual std::unique_ptr<communicator> split(int color, int key) = 0;
 
   /// Bytes this rank has sent to other ranks (its own part of a collective excluded), for the per-step traffic
   /// figure.

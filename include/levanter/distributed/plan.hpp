@@ -4,7 +4,8 @@
 //
 //   auto plan = levanter::distributed::make_plan(cfg.trainer, world.size(), model_axis_names);
 //   plan.mesh.data;              // ranks the batch is split over
-//   plan.shard_optimizer;        // optimizer state split over `data` (ZeRO-1): fsdp_axis names a parameter axis
+//   plan.shard_optimizer;        // optimizer state split over `data`: fsdp_axis names a parameter axis
+//   plan.shard_parameters;       // the parameters too (FSDP), unless trainer.shard_parameters is false
 //   plan.local_batch(step);      // examples each rank computes at `step`
 //
 // The mesh has upstream's physical axes `replica`, `data` and `model`. The compute mapping sends `batch` to
@@ -34,13 +35,19 @@ struct plan {
   /// Optimizer state split over the data ranks (fsdp_axis or parameter_axis_resources map a parameter axis to
   /// `data` and there is more than one data rank).
   bool shard_optimizer = false;
+  /// Parameters split over the data ranks too (FSDP): shard_optimizer and trainer.shard_parameters.
+  bool shard_parameters = false;
   /// The parameter axes mapped to `data` (fsdp_axis, then parameter_axis_resources).
   std::vector<std::string> fsdp_axes;
+  /// Tensor parallelism (mesh.model > 1): the axes split over the model ranks (tensor_parallel_axes, entries of
+  /// parameter_axis_resources mapped to `model`, and `kv_head` with `heads` for grouped-query attention).
+  std::vector<std::string> model_axes;
   /// Lines worth printing once (what the mapping asked for that this version does differently).
   std::vector<std::string> notes;
   const TrainerConfig* trainer = nullptr;
 
-  /// Examples each rank computes at `step` (the global batch divided over the ranks).
+  /// Examples each rank computes at `step` (the global batch divided over the data ranks; the ranks of one model
+  /// group compute the same examples).
   std::int64_t local_batch(std::int64_t step) const;
   /// Examples per forward/backward on one rank at `step` (per_device_parallelism, or the whole local batch).
   std::int64_t micro_batch(std::int64_t step) const;

@@ -117,6 +117,13 @@ struct shard {
   int64_t hi() const { return bounds[static_cast<std::size_t>(comm->rank()) + 1]; }
 };
 
+/// Tensor parallelism: leaves split over a model group (each rank holds a slice). The norms add the squares of the
+/// split leaves over the group, the whole leaves once.
+struct tensor_split {
+  distributed::communicator* group = nullptr;
+  std::vector<char> split;  // per leaf, in tree order
+};
+
 /// What one `adamw::update` did.
 struct update_stats {
   double learning_rate = 0;  ///< schedule(count) used by this update (upstream `optim/learning_rate`)
@@ -385,7 +392,7 @@ class adamw {
   /// and the updated parameters are gathered so every rank ends with all of them, as on one rank.
   template <class M>
   update_stats update(M& params, const M& grads, adamw_state<M>& state, double loss,
-                      const shard* sh = nullptr) const {
+                      const shard* sh = nullptr, const tensor_split* ts = nullptr) const {
     namespace d = detail::adamw;
     std::vector<d::leaf_ref> leaves = d::param_leaves(params);
     if (state.decay_mask.size() != leaves.size())
@@ -411,6 +418,36 @@ class adamw {
       attach(state.mu, "first moment", [](d::leaf_ref& l, float* x) { l.m = x; });
       attach(state.nu, "second moment", [](d::leaf_ref& l, float* x) { l.v = x; });
     }
+    const update_stats stats = update_leaves(leaves, state, loss, sh, nullptr, nullptr, ts);
+    if (sh) gather_params(leaves, *sh);
+    return stats;
+  }
+
+  /// FSDP: the parameters and the summed gradient exist only as this rank's range of the flattened tree
+  /// (`params`, `grads`: sh.hi() - sh.lo() floats each); `leaves` (param_leaves of the whole model; their pointers
+  /// are not used) give the shapes. Updates `params` in place, exactly as `update` updates that range.
+  template <class M>
+  update_stats update_range(std::vector<detail::adamw::leaf_ref> leaves, float* params, const float* grads,
+                            adamw_state<M>& state, double loss, const shard& sh,
+                            const tensor_split* ts = nullptr) const {
+    if (state.decay_mask.size() != leaves.size() || !state.sharded())
+      throw std::invalid_argument("levanter::optim::adamw::update_range: the state was not initialised sharded for "
+                                  "this model");
+    return update_leaves(leaves, state, loss, &sh, params, grads, ts);
+  }
+
+ private:
+  // The update over `leaves` (g attached; m, v attached unless sharded). With `p_flat`/`g_flat`, the parameters
+  // and gradients are read from this rank's flat range instead of the leaves.
+  template <class M>
+  update_stats update_leaves(std::vector<detail::adamw::leaf_ref>& leaves, adamw_state<M>& state, double loss,
+                             const shard* sh, float* p_flat, const float* g_flat, const tensor_split* ts) const {
+    namespace d = detail::adamw;
+    if (ts && ts->split.size() != leaves.size())
+      throw std::invalid_argument("levanter::optim::adamw::update: the tensor split does not match the parameters");
+    if (ts && cfg_.update_rms_clipping)
+      throw std::invalid_argument("optimizer.update_rms_clipping: not supported with tensor parallelism "
+                                  "(trainer.model_axis_size > 1)");
     for (std::size_t i = 0; i < leaves.size(); ++i) leaves[i].decay = state.decay_mask[i] != 0;
 
     std::size_t num_slices = 0;
@@ -431,8 +468,13 @@ class adamw {
         b = ch.begin, e = ch.end;
         return l;
       }
-      l.p += ch.begin;
-      l.g += ch.begin;
+      if (p_flat) {
+        l.p = p_flat + (ch.flat - state.flat_lo);
+        l.g = g_flat + (ch.flat - state.flat_lo);
+      } else {
+        l.p += ch.begin;
+        l.g += ch.begin;
+      }
       l.m = state.mu_flat.data() + (ch.flat - state.flat_lo);
       l.v = state.nu_flat.data() + (ch.flat - state.flat_lo);
       b = 0, e = ch.end - ch.begin;
@@ -442,21 +484,27 @@ class adamw {
     auto all_chunks = [&](std::vector<double> part) {
       return sh ? distributed::allgather_doubles(*sh->comm, part) : part;
     };
+    // The sum of per-chunk squares (every chunk, in chunk order): in chunk order, or with tensor parallelism the
+    // whole leaves' plus the split leaves' summed over the model group.
+    auto total_of = [&](const std::vector<double>& sq) {
+      double rep = 0, spl = 0;
+      for (std::size_t i = 0; i < sq.size(); ++i) (ts && ts->split[chunks[i].leaf] ? spl : rep) += sq[i];
+      if (!ts) return rep;
+      return rep + distributed::allreduce_sum(*ts->group, spl);
+    };
 
     update_stats stats;
     stats.learning_rate = schedule_(state.count);
     const double lr = stats.learning_rate;
 
     const auto gsq = all_chunks(d::per_chunk(mine, [&](int64_t i) {
-      const auto& c = chunks[c_lo + static_cast<std::size_t>(i)];
-      const float* g = leaves[c.leaf].g;
+      int64_t b, e;
+      const auto l = ref(c_lo + static_cast<std::size_t>(i), b, e);
       double s = 0;
-      for (int64_t k = c.begin; k < c.end; ++k) s += static_cast<double>(g[k]) * g[k];
+      for (int64_t k = b; k < e; ++k) s += static_cast<double>(l.g[k]) * l.g[k];
       return s;
     }));
-    double gsum = 0;
-    for (double s : gsq) gsum += s;
-    stats.grad_norm = std::sqrt(gsum);
+    stats.grad_norm = std::sqrt(total_of(gsq));
 
     if (skip_) {
       const bool can_skip = state.skip_losses.ready();
@@ -495,7 +543,7 @@ class adamw {
         const auto l = ref(c_lo + static_cast<std::size_t>(i), b, e);
         return d::dispatch<d::pass::fused>(c, l, b, e, 1.0f, 1.0f, nest);
       }));
-      for (double s : sq) usum += s;
+      usum = total_of(sq);
     } else {
       const auto sq = all_chunks(d::per_chunk(mine, [&](int64_t i) {
         int64_t b, e;
@@ -509,6 +557,7 @@ class adamw {
         slice_sq[chunks[i].slice] += sq[i], total += sq[i];
         slice_leaf[chunks[i].slice] = chunks[i].leaf;
       }
+      if (ts) total = total_of(sq);
       std::vector<float> slice_div(num_slices, 1.0f);
       float mul = 1.0f;
       if (cfg_.update_rms_clipping) {
@@ -534,14 +583,12 @@ class adamw {
         const auto l = ref(ci, b, e);
         return d::dispatch<d::pass::apply>(c, l, b, e, slice_div[chunks[ci].slice], mul, nest);
       }));
-      for (double s : sq2) usum += s;
+      usum = total_of(sq2);
     }
     stats.update_norm = std::sqrt(usum);
-    if (sh) gather_params(leaves, *sh);
     return stats;
   }
 
- private:
   // Every rank's range of the updated parameters to every rank (through one flat buffer).
   static void gather_params(const std::vector<detail::adamw::leaf_ref>& leaves, const shard& sh) {
     if (sh.comm->size() == 1) return;

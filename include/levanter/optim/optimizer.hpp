@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,17 @@
 #include <levanter/optim/config.hpp>
 
 namespace levanter::optim {
+
+/// Tensor parallelism as an optimizer sees it: its state is shaped like this rank's slices of the parameters;
+/// checkpoints and trainer.watch see whole trees (levanter/distributed/tensor_parallel.hpp).
+template <class M>
+struct tensor_parallel_codec {
+  distributed::communicator* group = nullptr;  ///< the model group
+  std::vector<char> split;                     ///< per leaf in tree order: sliced over the group
+  std::function<M(const M& local)> to_global;  ///< collective over `group`
+  std::function<M(const M& global)> to_local;
+  std::function<M(const M& global)> local_zeros;
+};
 
 /// An optimizer with its state, for parameter trees of type `M`.
 template <class M>
@@ -48,6 +60,18 @@ class optimizer {
   /// When the state is sharded over ranks (ZeRO-1): the ranges of the flattened parameters each rank updates;
   /// `update` then needs the reduced gradient only in this rank's range. Null when every rank updates everything.
   virtual const std::vector<std::int64_t>* shard_bounds() const { return nullptr; }
+  /// FSDP: the parameters and the summed gradient exist only as this rank's range of shard_bounds() (flat, in
+  /// tree order); updates `params` in place. Only sharded optimizers have it.
+  virtual update_stats update_range(float* /*params*/, const float* /*grads*/, double /*loss*/) {
+    throw std::logic_error("optimizer '" + std::string(type_name()) +
+                           "' cannot update parameters sharded over ranks (FSDP)");
+  }
+  /// Tensor parallelism: from now on the parameters given to `update` are this rank's slices (the state was made
+  /// for them); save_state / load_state / for_each_state_tree take and give whole trees (collective over the
+  /// group). Throws std::invalid_argument naming a setting that cannot work split.
+  virtual void set_tensor_parallel(tensor_parallel_codec<M>) {
+    throw std::logic_error("optimizer '" + std::string(type_name()) + "' does not support tensor parallelism");
+  }
 };
 
 namespace detail {
@@ -81,17 +105,35 @@ class adamw_optimizer final : public optimizer<M> {
   adamw_optimizer(const AdamConfig& cfg, std::int64_t num_train_steps, const M& params,
                   distributed::communicator* comm = nullptr, bool sharded = false)
       : opt_(cfg, num_train_steps) {
-    if (comm && sharded && comm->size() > 1) shard_ = optim::shard{comm, adamw::shard_bounds(params, comm->size())};
+    if (comm && sharded && comm->size() > 1) {
+      shard_ = optim::shard{comm, adamw::shard_bounds(params, comm->size())};
+      shapes_ = optim::detail::adamw::param_leaves(const_cast<M&>(params));
+      for (auto& l : shapes_) l.p = nullptr;
+    }
     state_ = opt_.init(params, shard_ ? &*shard_ : nullptr);
   }
 
   std::string_view type_name() const override { return AdamConfig::type_name; }
   update_stats update(M& params, const M& grads, double loss) override {
-    return opt_.update(params, grads, state_, loss, shard_ ? &*shard_ : nullptr);
+    return opt_.update(params, grads, state_, loss, shard_ ? &*shard_ : nullptr, tp_ ? &split_ : nullptr);
   }
   double next_learning_rate() const override { return opt_.schedule()(state_.count); }
+  void set_tensor_parallel(tensor_parallel_codec<M> c) override {
+    if (opt_.config().update_rms_clipping)
+      throw std::invalid_argument("optimizer.update_rms_clipping: not supported with tensor parallelism "
+                                  "(trainer.model_axis_size > 1); unset it");
+    if (c.split.size() != state_.decay_mask.size())
+      throw std::invalid_argument("set_tensor_parallel: the split does not match the parameters");
+    split_ = optim::tensor_split{c.group, c.split};
+    tp_ = std::move(c);
+  }
   void save_state(checkpoint::snapshot& s, const M& params) const override {
-    if (shard_) {
+    if (tp_) {
+      // every rank of the job takes part; the trees are whole
+      auto mu = global_state(state_.mu_flat, state_.mu, params), nu = global_state(state_.nu_flat, state_.nu, params);
+      s.add_tree("mu", mu);
+      s.add_tree("nu", nu);
+    } else if (shard_) {
       auto mu = gather(state_.mu_flat, params), nu = gather(state_.nu_flat, params);
       if (shard_->comm->rank() != 0) return;
       s.add_tree("mu", *mu);
@@ -108,7 +150,21 @@ class adamw_optimizer final : public optimizer<M> {
   }
   std::vector<std::string> load_state(const checkpoint::reader& r, bool allow_partial, const M& params) override {
     std::vector<std::string> missing;
-    if (shard_) {
+    if (tp_) {
+      // The file holds whole trees: keep this rank's slices (and its range of them when sharded).
+      M mu = adamw::zeros_like(params), nu = adamw::zeros_like(params);
+      missing = r.read_tree("mu", mu, allow_partial);
+      auto m2 = r.read_tree("nu", nu, allow_partial);
+      missing.insert(missing.end(), m2.begin(), m2.end());
+      M mu_l = tp_->to_local(mu), nu_l = tp_->to_local(nu);
+      if (shard_) {
+        slice(mu_l, state_.mu_flat);
+        slice(nu_l, state_.nu_flat);
+      } else {
+        state_.mu = std::move(mu_l);
+        state_.nu = std::move(nu_l);
+      }
+    } else if (shard_) {
       // The file holds the whole state (whatever the rank count that wrote it): keep this rank's range.
       M mu = adamw::zeros_like(params), nu = adamw::zeros_like(params);
       missing = r.read_tree("mu", mu, allow_partial);
@@ -130,6 +186,11 @@ class adamw_optimizer final : public optimizer<M> {
   }
   void for_each_state_tree(const std::function<void(const std::string&, const M&)>& f,
                            const M& params) const override {
+    if (tp_) {
+      f("mu", global_state(state_.mu_flat, state_.mu, params));
+      f("nu", global_state(state_.nu_flat, state_.nu, params));
+      return;
+    }
     if (shard_) {
       // every rank takes part in the gathers; each sees the whole trees
       auto mu = gather(state_.mu_flat, params, true), nu = gather(state_.nu_flat, params, true);
@@ -141,11 +202,21 @@ class adamw_optimizer final : public optimizer<M> {
     f("nu", state_.nu);
   }
   const std::vector<std::int64_t>* shard_bounds() const override { return shard_ ? &shard_->bounds : nullptr; }
+  update_stats update_range(float* params, const float* grads, double loss) override {
+    if (!shard_) return optimizer<M>::update_range(params, grads, loss);
+    return opt_.update_range(shapes_, params, grads, state_, loss, *shard_, tp_ ? &split_ : nullptr);
+  }
 
   const adamw& rule() const { return opt_; }
   const adamw_state<M>& state() const { return state_; }
 
  private:
+  // Tensor parallelism: a moment as a whole tree (collective over the data ranks when sharded, then the group).
+  M global_state(const std::vector<float>& flat, const M& tree, const M& params) const {
+    if (!shard_) return tp_->to_global(tree);
+    return tp_->to_global(*gather(flat, tp_->local_zeros(params), true));
+  }
+
   // This rank's range of `tree` (flattened in tree order) into `out`.
   void slice(const M& tree, std::vector<float>& out) const {
     const std::int64_t lo = shard_->lo(), hi = shard_->hi();
@@ -183,6 +254,9 @@ class adamw_optimizer final : public optimizer<M> {
 
   adamw opt_;
   std::optional<optim::shard> shard_;
+  std::vector<optim::detail::adamw::leaf_ref> shapes_;  // sharded: the leaves' sizes, paths and layer slices
+  std::optional<tensor_parallel_codec<M>> tp_;
+  optim::tensor_split split_;
   adamw_state<M> state_;
 };
 

@@ -57,6 +57,7 @@ struct TrainerConfig {
   bool crash_on_inf = true;
   std::string batch_axis = "batch";
   config::StringOrList fsdp_axis{"embed"};
+  bool shard_parameters = true;
   std::optional<std::vector<std::string>> tensor_parallel_axes;
   std::map<std::string, config::StringOrList> axis_resources;
   std::map<std::string, config::StringOrList> parameter_axis_resources;
@@ -123,6 +124,7 @@ struct levanter::config::schema<levanter::TrainerConfig> {
       field("crash_on_inf", &T::crash_on_inf, "stop when the loss becomes infinite"),
       field("batch_axis", &T::batch_axis, "name of the batch axis"),
       field("fsdp_axis", &T::fsdp_axis, "axis (or axes) along which parameters are sharded"),
+      field("shard_parameters", &T::shard_parameters, "(this project) with fsdp_axis on several ranks: false keeps the parameters whole and shards only the optimizer state (ZeRO-1)"),
       field("tensor_parallel_axes", &T::tensor_parallel_axes, "axes sharded over the model mesh axis"),
       field("axis_resources", &T::axis_resources, "logical axis -> mesh axis for compute"),
       field("parameter_axis_resources", &T::parameter_axis_resources, "logical axis -> mesh axis for parameters"),

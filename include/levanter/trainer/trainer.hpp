@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -37,10 +38,13 @@
 
 #include <haliax/autodiff.hpp>
 #include <haliax/detail/profile.hpp>
+#include <haliax/nn/tensor_parallel.hpp>
 #include <haliax/tree.hpp>
 #include <levanter/checkpoint/train_state.hpp>
 #include <levanter/distributed/comm.hpp>
+#include <levanter/distributed/fsdp.hpp>
 #include <levanter/distributed/plan.hpp>
+#include <levanter/distributed/tensor_parallel.hpp>
 #include <levanter/distributed/tree_comm.hpp>
 #include <levanter/models/lm.hpp>
 #include <levanter/optim/optimizer.hpp>
@@ -123,15 +127,39 @@ class Trainer {
         plan_(distributed::make_plan(cfg_, comm.size(), model_axes())),
         ck_policy_(checkpoint::policy_from_config(cfg.checkpointer, run.id())), peak_flops_(measure_gemm_peak()) {
     plan_.trainer = &cfg_;
+    data_ = &comm_;
+    if (plan_.mesh.model > 1) {
+      // Ranks r = d * T + t: model groups are T consecutive ranks (same d), data groups the ranks with the same t.
+      const int T = plan_.mesh.model;
+      tp_rank_ = comm.rank() % T;
+      model_group_ = comm.split(comm.rank() / T, tp_rank_);
+      data_owned_ = comm.split(tp_rank_, comm.rank() / T);
+      data_ = data_owned_.get();
+      tp_ctx_.split_axes = plan_.model_axes;
+      tp_ctx_.allreduce = [g = model_group_.get()](float* x, std::int64_t n) { distributed::allreduce_sum(*g, x, n); };
+    }
   }
 
   /// How the run is laid over the ranks.
   const distributed::plan& plan() const { return plan_; }
   distributed::communicator& comm() { return comm_; }
 
-  /// The optimizer `choice` asks for, sharded over the ranks when the plan says so (ZeRO-1).
+  /// The optimizer `choice` asks for, sharded over the data ranks when the plan says so (ZeRO-1, FSDP), and for
+  /// this rank's slices of the parameters under tensor parallelism (`params` is the whole model).
   std::unique_ptr<optim::optimizer<M>> make_optimizer(const OptimizerChoice& choice, const M& params) {
-    return optim::make_optimizer(choice, cfg_.num_train_steps, params, &comm_, plan_.shard_optimizer);
+    if (plan_.mesh.model == 1)
+      return optim::make_optimizer(choice, cfg_.num_train_steps, params, data_, plan_.shard_optimizer);
+    const auto dims = split_dims(params);
+    const int T = plan_.mesh.model, t = tp_rank_;
+    auto opt = optim::make_optimizer(choice, cfg_.num_train_steps, slice(params, dims), data_, plan_.shard_optimizer);
+    optim::tensor_parallel_codec<M> c;
+    c.group = model_group_.get();
+    for (int d : dims) c.split.push_back(d >= 0 ? 1 : 0);
+    c.to_global = [g = model_group_.get(), dims](const M& l) { return distributed::assemble_model(l, dims, *g); };
+    c.to_local = [dims, t, T](const M& w) { return distributed::slice_model(w, dims, t, T); };
+    c.local_zeros = [dims, T](const M& w) { return distributed::local_zeros(w, dims, T); };
+    opt->set_tensor_parallel(std::move(c));
+    return opt;
   }
 
   const TrainerConfig& config() const { return cfg_; }
@@ -208,12 +236,73 @@ class Trainer {
 
     const bool root = comm_.rank() == 0;
     const int ranks = comm_.size();
+    const int T = plan_.mesh.model;
+    distributed::communicator& data = *data_;  // the ranks that split the batch (all of them without TP)
+    const int drank = data.rank();
+    auto sent = [&] {
+      return comm_.bytes_sent() + (data_owned_ ? data_owned_->bytes_sent() : 0) +
+             (model_group_ ? model_group_->bytes_sent() : 0);
+    };
     // Rank 0 writes the checkpoints (parameters are whole on every rank; a sharded optimizer gathers its state).
     std::optional<checkpoint::checkpointer> ckpt;
     if (root) ckpt.emplace(ck_policy_, checkpoint::checkpointer::clock_fn{}, log);
     if (ckpt && resumed_from_) ckpt->resumed_at(start_step);
     const auto* grad_bounds = state.optimizer->shard_bounds();
     std::vector<float> comm_buf;  // the flat gradient buffer of the reductions, kept between steps
+    // FSDP: this rank keeps only its range of the parameters; state.model holds none of them between steps and is
+    // made whole (every rank taking part) only when a checkpoint, a hook or trainer.watch needs it.
+    // Tensor parallelism: state.model holds this rank's slices during steps, the whole model when made whole.
+    std::optional<distributed::fsdp_params<M>> fs;
+    std::optional<M> local_keep;  // TP without FSDP: the slices, while state.model is whole
+    bool whole = true;            // state.model holds the whole model
+    std::vector<int> dims;
+    if (T > 1) {
+      dims = split_dims(state.model);
+      state.model = slice(state.model, dims);
+      whole = false;
+    }
+    if (plan_.shard_parameters) {
+      if (!grad_bounds)
+        throw config::config_error("trainer.fsdp_axis: sharding the parameters needs the optimizer made by "
+                                   "Trainer::make_optimizer (sharded over the ranks)");
+      fs.emplace(data, *grad_bounds, state.model);
+      state.model = fs->skeleton();
+      whole = false;
+      const std::int64_t all = res.parameters;  // the whole model's (with TP, fs holds one slice of it)
+      std::int64_t most = 0;  // the largest share (AdamW's chunks make them uneven)
+      for (std::size_t q = 0; q + 1 < fs->bounds().size(); ++q)
+        most = std::max(most, fs->bounds()[q + 1] - fs->bounds()[q]);
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "FSDP: each rank keeps at most %lld of the %lld parameters between steps: %.2f MiB of parameters "
+                    "and AdamW moments (one process: %.2f MiB, %.1f%%)",
+                    static_cast<long long>(most), static_cast<long long>(all), double(most) * 12 / 1048576.0,
+                    double(all) * 12 / 1048576.0, 100.0 * double(most) / double(all));
+      log(line);
+    }
+    // Every rank takes part in make_whole (collectives over the data and model groups).
+    auto make_whole = [&] {
+      if (whole) return;
+      M w = fs ? fs->whole() : state.model;
+      if (T > 1) {
+        if (!fs) local_keep = std::move(state.model);
+        w = distributed::assemble_model(w, dims, *model_group_);
+      }
+      state.model = std::move(w);
+      whole = true;
+    };
+    auto release = [&] {
+      if (!whole || (!fs && T == 1)) return;
+      if (fs) {
+        state.model = fs->skeleton();
+      } else {
+        state.model = std::move(*local_keep);
+        local_keep.reset();
+      }
+      whole = false;
+    };
+    // A tree of this rank's (sliced) gradients, whole for trainer.watch.
+    auto global = [&](M g) { return T > 1 ? distributed::assemble_model(g, dims, *model_group_) : g; };
     auto state_files = [&](std::int64_t step) {
       return checkpoint::train_state_files(state.model, state.optimizer.get(), step, state.training_key,
                                            data_offset_at(t.train_batch_size, step), run_.resolved_yaml());
@@ -247,7 +336,10 @@ class Trainer {
       const std::int64_t local = plan_.local_batch(step);  // this rank's examples: [offset + rank * local, + local)
       const std::int64_t mb = plan_.micro_batch(step);
       const std::int64_t micro = local / mb;
-      const std::int64_t offset = data_offset_at(t.train_batch_size, step) + comm_.rank() * local;
+      const std::int64_t offset = data_offset_at(t.train_batch_size, step) + drank * local;
+      // Tensor parallelism: the Linear layers sum over the model group while this step's gradients are taken.
+      std::optional<haliax::nn::tensor_parallel_scope> tp_scope;
+      if (T > 1) tp_scope.emplace(tp_ctx_);
       const auto step_key = haliax::random::fold_in(state.training_key, static_cast<std::uint32_t>(step));
 
       // ---- forward and backward over the micro-batches (gradient accumulation) ----
@@ -274,25 +366,65 @@ class Trainer {
         forward_options fo;
         fo.inference = false;
         // dropout keys by the micro-batch's index in the global batch, whichever rank computes it
-        fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(comm_.rank() * micro + first));
+        fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(drank * micro + first));
         fo.checkpointing = opts_.checkpointing;
         auto [loss, g] = haliax::value_and_grad([&](const M& p) { return loss_(p, *ex, fo); })(state.model);
         return {std::move(g), loss.item()};
       };
-      auto [summed, loss_sum] = accumulate(0, micro);
-      std::optional<M> grads(std::move(summed));
+      std::optional<M> grads;
+      double loss_sum = 0;
       const bool watch_now = t.watch.enabled() && step % t.watch.interval == 0;
+      if (fs) {
+        // FSDP: one model per step whose layers are gathered as the forward (and the recomputation in backward)
+        // reaches them; every layer's gradient is reduce-scattered into this rank's range as soon as it is
+        // complete, the rest of the parameters' after each micro-batch. Micro-batches add left to right.
+        fs->zero_grads();
+        const auto sent0 = sent();
+        {
+          M step_model = fs->step_model();
+          for (std::int64_t k = 0; k < micro; ++k) {
+            const auto tl = std::chrono::steady_clock::now();
+            std::optional<lm_example> ex;
+            {
+              haliax::detail::profile::region r([] { return std::string("trainer: load batch"); }, 0.0);
+              ex.emplace(batches(offset + k * mb, mb));
+            }
+            loading_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
+            forward_options fo;
+            fo.inference = false;
+            fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(drank * micro + k));
+            fo.checkpointing = opts_.checkpointing;
+            auto [loss, g] = haliax::value_and_grad([&](const M& p) { return loss_(p, *ex, fo); })(step_model);
+            fs->reduce_rest(g);
+            loss_sum += loss.item();
+          }
+        }
+        loss_sum = distributed::allreduce_sum(data, loss_sum);
+        const std::int64_t parts = micro * data.size();
+        if (parts > 1)
+          for (float& x : fs->grads()) x = x * (1.0f / float(parts));
+        reduce_bytes_ = sent() - sent0;
+        if (watch_now) {
+          if (watching("grads")) grads.emplace(global(fs->whole_grads()));
+          make_whole();
+        }
+      } else {
+        auto [summed, sum] = accumulate(0, micro);
+        grads.emplace(std::move(summed));
+        loss_sum = sum;
+      }
       // ---- the sum over ranks (tree order): whole, or only this rank's range for a sharded optimizer (unless the
       // gradients are to be watched) ----
-      if (ranks > 1) {
+      tp_scope.reset();
+      if (ranks > 1 && !fs) {
         haliax::detail::profile::region r([] { return std::string("trainer: reduce gradients"); }, 0.0);
-        const auto sent0 = comm_.bytes_sent();
-        distributed::reduce_tree(comm_, *grads, comm_buf, watch_now && watching("grads") ? nullptr : grad_bounds);
-        loss_sum = distributed::allreduce_sum(comm_, loss_sum);
-        reduce_bytes_ = comm_.bytes_sent() - sent0;
+        const auto sent0 = sent();
+        distributed::reduce_tree(data, *grads, comm_buf, watch_now && watching("grads") ? nullptr : grad_bounds);
+        loss_sum = distributed::allreduce_sum(data, loss_sum);
+        reduce_bytes_ = sent() - sent0;
       }
-      const std::int64_t parts = micro * ranks;
-      if (parts > 1)
+      const std::int64_t parts = micro * data.size();
+      if (parts > 1 && !fs)
         *grads =
             haliax::tree::map(*grads, [s = 1.0f / float(parts)](const std::string&, const auto& x) { return x * s; });
       const double loss = loss_sum / double(parts);
@@ -302,10 +434,16 @@ class Trainer {
       // the step found them; updates and optimizer state after it) ----
       json watched = json::object();
       std::optional<M> before;  // for the `updates` target: the parameters before the update
+      std::optional<M> global_grads;  // tensor parallelism: the whole gradient tree for trainer.watch
+      if (watch_now && !fs && T > 1) {
+        if (watching("grads")) global_grads.emplace(global(*grads));
+        make_whole();
+      }
       if (watch_now) {
         haliax::detail::profile::region r([] { return std::string("trainer: watch"); }, 0.0);
         haliax::no_grad_guard ng;
-        if (watching("grads")) watch::summarize("grad", *grads, watch_opts, watched, &trk, step);
+        const M* wg = global_grads ? &*global_grads : fs ? (grads ? &*grads : nullptr) : &*grads;
+        if (watching("grads") && wg) watch::summarize("grad", *wg, watch_opts, watched, &trk, step);
         if (watching("params")) watch::summarize("params", state.model, watch_opts, watched, &trk, step);
         if (watching("updates"))
           before = haliax::tree::map(state.model, [](const std::string&, const auto& x) { return x * 1.0f; });
@@ -313,15 +451,23 @@ class Trainer {
       optim::update_stats stats;
       {
         haliax::detail::profile::region r([] { return std::string("optimizer update"); }, 0.0);
-        const auto sent0 = comm_.bytes_sent();
-        stats = state.optimizer->update(state.model, *grads, loss);
-        update_bytes_ = comm_.bytes_sent() - sent0;
+        const auto sent0 = sent();
+        release();
+        if (fs) {
+          stats = state.optimizer->update_range(fs->params().data(), fs->grads().data(), loss);
+        } else {
+          stats = state.optimizer->update(state.model, *grads, loss);
+        }
+        update_bytes_ = sent() - sent0;
       }
+      grads.reset();
+      global_grads.reset();
       state.step = step + 1;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (watch_now) {
         haliax::detail::profile::region r([] { return std::string("trainer: watch"); }, 0.0);
         haliax::no_grad_guard ng;
+        if (before || watching("opt_state")) make_whole();
         if (before) {
           haliax::tree::zip_leaves(*before, state.model,
                                    [](const std::string&, auto& b, const auto& p) { b = p - b; });
@@ -378,13 +524,20 @@ class Trainer {
           ckpt->on_step(step + 1, [&] {
             saving = true;
             distributed::broadcast_flag(comm_, true);
+            make_whole();
             return state_files(step + 1);
           }, last);
           if (!saving) distributed::broadcast_flag(comm_, false);
-        } else if (distributed::broadcast_flag(comm_, false) && grad_bounds) {
+        } else if (distributed::broadcast_flag(comm_, false) && (grad_bounds || T > 1)) {
+          make_whole();
           checkpoint::snapshot unused;
           state.optimizer->save_state(unused, state.model);
         }
+      }
+      if (fs || T > 1) {
+        bool hook_due = false;
+        for (const auto& h : hooks_) hook_due = hook_due || (h.every > 0 && step % h.every == 0);
+        if (hook_due) make_whole();
       }
       info = step_info<M>{step,          step + 1,        t.num_train_steps, loss, stats.learning_rate, secs,
                           B * opts_.tokens_per_example, &state.model,      &state};
@@ -393,6 +546,7 @@ class Trainer {
           if (root || hooks_[h].all_ranks) hooks_[h].fn(info);
           last_run[h] = step;
         }
+      release();
       const auto t_end = std::chrono::steady_clock::now();
       hook_seconds = std::chrono::duration<double>(t_end - t_hooks).count();
       if (prof.running()) {
@@ -407,7 +561,9 @@ class Trainer {
     }
     if (prof.running()) prof.stop();
 
-    // Upstream forces every hook once more after the last step (final evaluation, final export).
+    // Upstream forces every hook once more after the last step (final evaluation, final export). The caller gets
+    // the whole model back.
+    make_whole();
     if (res.steps == start_step) {  // nothing trained (the checkpoint was already at the end)
       info = step_info<M>{state.step - 1, state.step, t.num_train_steps, std::nan(""),
                           state.optimizer->next_learning_rate(), 0.0, 0, &state.model, &state};
@@ -437,12 +593,34 @@ class Trainer {
     return names;
   }
 
+  // Tensor parallelism: per leaf the split axis (or -1); this rank's slices.
+  std::vector<int> split_dims(const M& m) const {
+    try {
+      return distributed::split_dims(m, plan_.model_axes);
+    } catch (const distributed::split_error& e) {
+      throw config::config_error(std::string("trainer.tensor_parallel_axes: ") + e.what());
+    }
+  }
+  M slice(const M& m, const std::vector<int>& dims) const {
+    try {
+      return distributed::slice_model(m, dims, tp_rank_, plan_.mesh.model);
+    } catch (const distributed::split_error& e) {
+      throw config::config_error(std::string("trainer.model_axis_size: ") + e.what());
+    }
+  }
+
   TrainerConfig cfg_;
   run_context& run_;
   loss_fn loss_;
   trainer_options opts_;
   distributed::communicator& comm_;
   distributed::plan plan_;
+  // Tensor parallelism (plan_.mesh.model > 1): this rank's group of model ranks, the group of ranks that split the
+  // batch with it (data_: comm_ itself without TP), its index in the model group, and the sums Linear layers do.
+  std::unique_ptr<distributed::communicator> model_group_, data_owned_;
+  distributed::communicator* data_ = nullptr;
+  int tp_rank_ = 0;
+  haliax::nn::tensor_parallel tp_ctx_;
   std::uint64_t reduce_bytes_ = 0, update_bytes_ = 0;  // bytes this rank sent in the last step's collectives
   checkpoint::policy ck_policy_;
   double peak_flops_ = 0;
