@@ -100,21 +100,7 @@ bool same_bits_any(const M& a, const M& b) {
   return same && k == pa.size();
 }
 
-bool same_bits(const model& a, const model& b) {
-  bool same = true;
-  std::vector<const float*> pa;
-  std::vector<std::int64_t> na;
-  hax::tree::for_each_leaf(a, [&](const std::string&, const auto& x) {
-    pa.push_back(x.data());
-    na.push_back(x.element_count());
-  });
-  std::size_t k = 0;
-  hax::tree::for_each_leaf(b, [&](const std::string&, const auto& x) {
-    same = same && x.element_count() == na[k] && std::memcmp(x.data(), pa[k], static_cast<std::size_t>(na[k]) * 4) == 0;
-    ++k;
-  });
-  return same;
-}
+bool same_bits(const model& a, const model& b) { return same_bits_any(a, b); }
 
 }  // namespace
 

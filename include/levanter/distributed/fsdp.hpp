@@ -45,14 +45,6 @@ template <class T>
 inline constexpr bool is_stacked_v = false;
 template <auto L, template <class> class B>
 inline constexpr bool is_stacked_v<haliax::nn::Stacked<L, B>> = true;
-template <class T>
-inline constexpr bool is_optional_v = false;
-template <class T>
-inline constexpr bool is_optional_v<std::optional<T>> = true;
-template <class T>
-inline constexpr bool is_vector_v = false;
-template <class T, class A>
-inline constexpr bool is_vector_v<std::vector<T, A>> = true;
 
 /// Calls `f(stacked)` for every haliax::nn::Stacked module inside `x`, in tree order (not inside a Stacked).
 template <class X, class F>
@@ -61,9 +53,9 @@ void for_each_stacked(X& x, F& f) {
   if constexpr (is_stacked_v<T>) {
     f(x);
   } else if constexpr (haliax::is_named_array_v<T>) {
-  } else if constexpr (is_optional_v<T>) {
+  } else if constexpr (haliax::tree::detail::is_optional_v<T>) {
     if (x) for_each_stacked(*x, f);
-  } else if constexpr (is_vector_v<T>) {
+  } else if constexpr (haliax::tree::detail::is_vector_v<T>) {
     for (auto& e : x) for_each_stacked(e, f);
   } else if constexpr (boost::hana::Struct<T>::value) {
     boost::hana::for_each(boost::hana::accessors<T>(),

@@ -340,6 +340,7 @@ class Trainer {
       // Tensor parallelism: the Linear layers sum over the model group while this step's gradients are taken.
       std::optional<haliax::nn::tensor_parallel_scope> tp_scope;
       if (T > 1) tp_scope.emplace(tp_ctx_);
+      const auto step_sent0 = sent();  // comm/gradient_bytes: everything sent from here to the summed gradient
       const auto step_key = haliax::random::fold_in(state.training_key, static_cast<std::uint32_t>(step));
 
       // ---- forward and backward over the micro-batches (gradient accumulation) ----
@@ -379,7 +380,6 @@ class Trainer {
         // reaches them; every layer's gradient is reduce-scattered into this rank's range as soon as it is
         // complete, the rest of the parameters' after each micro-batch. Micro-batches add left to right.
         fs->zero_grads();
-        const auto sent0 = sent();
         {
           M step_model = fs->step_model();
           for (std::int64_t k = 0; k < micro; ++k) {
@@ -403,7 +403,7 @@ class Trainer {
         const std::int64_t parts = micro * data.size();
         if (parts > 1)
           for (float& x : fs->grads()) x = x * (1.0f / float(parts));
-        reduce_bytes_ = sent() - sent0;
+        reduce_bytes_ = sent() - step_sent0;
         if (watch_now) {
           if (watching("grads")) grads.emplace(global(fs->whole_grads()));
           make_whole();
@@ -418,10 +418,9 @@ class Trainer {
       tp_scope.reset();
       if (ranks > 1 && !fs) {
         haliax::detail::profile::region r([] { return std::string("trainer: reduce gradients"); }, 0.0);
-        const auto sent0 = sent();
         distributed::reduce_tree(data, *grads, comm_buf, watch_now && watching("grads") ? nullptr : grad_bounds);
         loss_sum = distributed::allreduce_sum(data, loss_sum);
-        reduce_bytes_ = sent() - sent0;
+        reduce_bytes_ = sent() - step_sent0;
       }
       const std::int64_t parts = micro * data.size();
       if (parts > 1 && !fs)
