@@ -68,14 +68,6 @@ TEST_CASE("bf16 rounds to nearest even") {
   CHECK(back[1] == doctest::Approx(3.140625f));
 }
 
-TEST_CASE("sharding descriptor defaults to replicated") {
-  auto x = hax::zeros<float>(4 * Embed);
-  CHECK(x.sharding().replicated());
-  x.set_sharding({{{"embed", "data"}}});
-  CHECK_FALSE(x.sharding().replicated());
-  CHECK(x.sharding().entries[0].mesh_axis == "data");
-}
-
 TEST_CASE("a negative size is rejected with the shape") {
   CHECK_THROWS_WITH_AS(hax::zeros<float>(-1 * X), doctest::Contains("{x=-1}"), hax::shape_error);
 }

@@ -209,15 +209,6 @@ TEST_CASE("rename with several pairs is simultaneous") {
   CHECK(t.data() == x.data());
 }
 
-TEST_CASE("rename renames the sharding entries") {
-  auto x = random_array(10, 2 * X, 3 * Y);
-  x.set_sharding({{{"x", "data"}}});
-  auto r = hax::rename(x, X, A);
-  REQUIRE(r.sharding().entries.size() == 1);
-  CHECK(r.sharding().entries[0].axis == "a");
-  CHECK(r.sharding().entries[0].mesh_axis == "data");
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // flatten_axes / unflatten_axis
 

@@ -248,25 +248,6 @@ class shape_error : public std::invalid_argument {
 };
 
 // ---------------------------------------------------------------------------------------------------------
-// Sharding descriptor
-
-/// Which named axes of an array are split over which mesh axis. Empty means replicated. Arrays carry one so
-/// that distribution can be added by the axis mapping without changing the core; single-process code never
-/// needs to touch it.
-struct sharding {
-  struct entry {
-    std::string axis;       // upstream axis name, e.g. "embed"
-    std::string mesh_axis;  // physical mesh axis, e.g. "data"
-  };
-  std::vector<entry> entries;
-  bool replicated() const { return entries.empty(); }
-  friend bool operator==(const sharding&, const sharding&) = default;
-};
-inline bool operator==(const sharding::entry& a, const sharding::entry& b) {
-  return a.axis == b.axis && a.mesh_axis == b.mesh_axis;
-}
-
-// ---------------------------------------------------------------------------------------------------------
 // The array
 
 template <class T, class Axes>
@@ -315,9 +296,11 @@ class named_array<T, axes<A...>> {
   /// An empty handle (no buffer); `valid()` is false.
   named_array() = default;
 
-  /// Wraps an existing contiguous buffer. Throws if the buffer is smaller than the sizes need.
-  named_array(view_type data, shape_type sizes, haliax::sharding shard = {})
-      : data_(std::move(data)), sizes_(sizes), sharding_(std::move(shard)), valid_(true) {
+  /// Wraps an existing contiguous buffer. Throws if the buffer is smaller than the sizes need. (An array carries
+  /// no sharding: how a parameter tree is laid over ranks is decided per tree by levanter's distributed plan,
+  /// docs/distributed.md; sizes are always this process's.)
+  named_array(view_type data, shape_type sizes)
+      : data_(std::move(data)), sizes_(sizes), valid_(true) {
     for (auto s : sizes_)
       if (s < 0) throw shape_error("haliax::named_array: negative axis size in " + shape_string());
     if (static_cast<std::int64_t>(data_.extent(0)) < element_count())
@@ -380,9 +363,6 @@ class named_array<T, axes<A...>> {
   T* data() const { return data_.data(); }
   const view_type& view() const { return data_; }
 
-  const haliax::sharding& sharding() const { return sharding_; }
-  void set_sharding(haliax::sharding s) { sharding_ = std::move(s); }
-
   /// Copies the elements to a host vector, row-major in axis order.
   std::vector<T> to_host() const {
     const auto n = static_cast<std::size_t>(element_count());
@@ -409,7 +389,6 @@ class named_array<T, axes<A...>> {
   std::shared_ptr<detail::buffer_lease<T>> lease_;  // declared first: destroyed after data_
   view_type data_;
   shape_type sizes_{};
-  haliax::sharding sharding_;
   std::shared_ptr<detail::ad::node<T, axes<A...>>> ad_node_;
   bool valid_ = false;
 

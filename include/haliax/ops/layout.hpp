@@ -302,17 +302,6 @@ struct rename_pairs {
                                 is_unique_v<renamed<L, typename pr::olds, typename pr::news>>;
 };
 
-/// Renames the sharding entries of the renamed axes.
-template <class Olds, class News>
-sharding rename_sharding(sharding s) {
-  for (auto& e : s.entries)
-    mp::mp_for_each<mp::mp_iota<mp::mp_size<Olds>>>([&](auto I) {
-      if (e.axis == mp::mp_at_c<Olds, decltype(I)::value>::name)
-        e.axis = std::string(mp::mp_at_c<News, decltype(I)::value>::name);
-    });
-  return s;
-}
-
 // ---- flatten_axes -----------------------------------------------------------------------------------
 
 template <class LX, class LO, class New>
@@ -399,7 +388,6 @@ requires ArrangementOf<Order, Axes> named_array<T, detail::layout::arranged_axes
     return x;
   } else {
     auto r = detail::layout::permute_copy<R>("haliax::rearrange", x);
-    r.set_sharding(x.sharding());
     detail::layout::record_grad(
         r,
         [](const named_array<T, R>& g, auto) {
@@ -436,10 +424,7 @@ requires AxisOf<Old, Axes> && ReplacementFor<New, Old, Axes>
     named_array<T, detail::layout::replaced_axis<Axes, Old, New>> rename(const named_array<T, Axes>& x, Old, New) {
   using namespace detail;
   using R = layout::replaced_axis<Axes, Old, New>;
-  named_array<T, R> r(
-      x.view(), x.sizes(),
-      layout::rename_sharding<mp::mp_list<std::remove_cvref_t<Old>>, mp::mp_list<std::remove_cvref_t<New>>>(
-          x.sharding()));
+  named_array<T, R> r(x.view(), x.sizes());
   layout::record_grad(
       r, [](const named_array<T, R>& g, auto) { return std::tuple{layout::relabel<Axes>(g, g.sizes())}; }, x);
   return r;
@@ -453,7 +438,7 @@ requires(sizeof...(P) >= 4) && RenamingOf<Axes, P...> auto rename(const named_ar
   using namespace detail;
   using pr = layout::pairs<std::remove_cvref_t<P>...>;
   using R = to_axes<layout::renamed<to_list<Axes>, typename pr::olds, typename pr::news>>;
-  named_array<T, R> r(x.view(), x.sizes(), layout::rename_sharding<typename pr::olds, typename pr::news>(x.sharding()));
+  named_array<T, R> r(x.view(), x.sizes());
   layout::record_grad(
       r, [](const named_array<T, R>& g, auto) { return std::tuple{layout::relabel<Axes>(g, g.sizes())}; }, x);
   return r;

@@ -355,7 +355,6 @@ class adamw {
       detail::adamw::check_float_leaf<decltype(p)>();
       auto z = std::remove_cvref_t<decltype(p)>::allocate(p.sizes(), "levanter::optim::adamw::moment");
       std::fill_n(z.data(), z.element_count(), 0.0f);
-      z.set_sharding(p.sharding());
       return z;
     });
   }
