@@ -10,9 +10,10 @@
 //
 // The mesh has upstream's physical axes `replica`, `data` and `model`. The compute mapping sends `batch` to
 // (`replica`, `data`): each rank takes a contiguous slice of the global batch. The parameter mapping adds
-// `fsdp_axis -> data`: the optimizer state of every parameter is split over the data ranks (in AdamW's fixed
-// chunks), while the parameters themselves stay whole on every rank (FSDP parameter sharding and tensor
-// parallelism are not implemented; a mapping that needs them is refused or noted, never silently dropped).
+// `fsdp_axis -> data`: the parameters and their optimizer state are split over the data ranks in AdamW's fixed
+// chunks (FSDP, levanter/distributed/fsdp.hpp), or only the optimizer state with `shard_parameters: false`
+// (ZeRO-1). `tensor_parallel_axes -> model` splits those axes over each model group of `model_axis_size` ranks
+// (levanter/distributed/tensor_parallel.hpp). Replica axes are refused, never silently dropped.
 #pragma once
 
 #include <cstdint>
