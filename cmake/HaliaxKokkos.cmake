@@ -10,13 +10,26 @@ include_guard(GLOBAL)
 
 set(HALIAX_KOKKOS_ROOT "" CACHE PATH "Prefix of a Kokkos + Kokkos Kernels install with working CMake packages")
 
+if(NOT HALIAX_KOKKOS_ROOT AND Kokkos_ROOT)
+  set(HALIAX_KOKKOS_ROOT "${Kokkos_ROOT}")
+endif()
+
 if(HALIAX_KOKKOS_ROOT)
   find_package(Kokkos REQUIRED PATHS "${HALIAX_KOKKOS_ROOT}" NO_DEFAULT_PATH)
   find_package(KokkosKernels REQUIRED PATHS "${HALIAX_KOKKOS_ROOT}" NO_DEFAULT_PATH)
   if(NOT TARGET Kokkos::kokkoskernels)
     message(FATAL_ERROR "haliax: ${HALIAX_KOKKOS_ROOT} has Kokkos but no Kokkos::kokkoskernels target")
   endif()
-  message(STATUS "haliax: using Kokkos from ${HALIAX_KOKKOS_ROOT}")
+  # Where Kokkos_Core.hpp is, for the tests that run the compiler by hand (tests/compile_fail).
+  find_path(HALIAX_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp PATHS "${HALIAX_KOKKOS_ROOT}/include" NO_DEFAULT_PATH)
+  # ... and the flag its headers need there (an OpenMP Kokkos refuses to be included without it).
+  set(HALIAX_KOKKOS_SYNTAX_FLAGS "")
+  if("OPENMP" IN_LIST Kokkos_DEVICES)
+    find_package(OpenMP REQUIRED COMPONENTS CXX)
+    set(HALIAX_KOKKOS_SYNTAX_FLAGS "${OpenMP_CXX_FLAGS}")
+  endif()
+  message(STATUS "haliax: using Kokkos ${Kokkos_VERSION} from ${HALIAX_KOKKOS_ROOT} "
+                 "(devices: ${Kokkos_DEVICES})")
   return()
 endif()
 

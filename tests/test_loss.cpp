@@ -112,6 +112,34 @@ TEST_CASE("cross_entropy_loss: values from the formula, mean / sum / none") {
   check_close(log_z.to_host(), std::vector<double>{l0 + 3.0, l1 + 0.5}, 1e-14, 0);
 }
 
+TEST_CASE("cross_entropy_loss: the sum's order is fixed (blocks of 4096 tokens), the same on every thread count") {
+  // The reduce_sum/mean total is summed in double in blocks of 4096 tokens, each in token order, then the block
+  // sums in order: the order depends on the token count alone, not on the Kokkos backend or the thread count.
+  const std::int64_t tokens = 10001, n = 3;
+  std::vector<double> x(std::size_t(tokens * n));
+  std::vector<std::int32_t> id(static_cast<std::size_t>(tokens));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * double(i)) * 4.0 + 1e-3 * double(i % 97);
+  for (std::size_t t = 0; t < id.size(); ++t) id[t] = std::int32_t((t * 7) % n);
+  auto logits = hax::from_host<double>(x, tokens * Batch, n * Vocab);
+  auto ids = hax::from_host<std::int32_t>(id, tokens * Batch);
+  const auto per_token = nn::cross_entropy_loss(logits, Vocab, ids, nn::reduce_none).to_host();
+  double expected = 0, in_order = 0;
+  for (std::int64_t b = 0; b < tokens; b += 4096) {
+    double acc = 0;
+    for (std::int64_t r = b; r < std::min(tokens, b + 4096); ++r) acc += per_token[std::size_t(r)];
+    expected += acc;
+  }
+  for (double v : per_token) in_order += v;
+  INFO("a plain in-order sum gives " << in_order);
+  const int threads = hax::num_threads();
+  for (int t : {1, 2, 3}) {
+    hax::set_num_threads(t);
+    CHECK(nn::cross_entropy_loss(logits, Vocab, ids, nn::reduce_sum).item() == expected);
+    CHECK(nn::cross_entropy_loss(logits, Vocab, ids, nn::reduce_mean).item() == expected / double(tokens));
+  }
+  hax::set_num_threads(threads);
+}
+
 TEST_CASE("cross_entropy_loss: where_mask drops tokens from the loss and from the mean's denominator") {
   auto logits = random_array<double>(1, 2 * Batch, 3 * Pos, 5 * Vocab) * 3.0;
   auto ids = hax::from_host<std::int32_t>({0, 4, 2, 1, 3, 3}, 2 * Batch, 3 * Pos);

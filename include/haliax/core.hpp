@@ -193,6 +193,20 @@ inline void configure_malloc() {
   (void)done;
 #endif
 }
+
+/// Environment for Kokkos's own host threads (OpenMP backend), set before it initialises: its thread count
+/// follows HALIAX_NUM_THREADS (which MPI launches set to the rank's share of the node) unless the user set
+/// KOKKOS_NUM_THREADS or OMP_NUM_THREADS, so the ops' kernels and the pool's tasks use the same threads; and
+/// OMP_PROC_BIND, when unset, is given libgomp's own default (false) explicitly, which is what Kokkos warns about
+/// on every start otherwise. Serial builds read neither.
+inline void prepare_kokkos_environment() {
+#if defined(KOKKOS_ENABLE_OPENMP)
+  const char* haliax_threads = std::getenv("HALIAX_NUM_THREADS");
+  if (haliax_threads && !std::getenv("KOKKOS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS"))
+    ::setenv("KOKKOS_NUM_THREADS", haliax_threads, 0);
+  ::setenv("OMP_PROC_BIND", "false", 0);
+#endif
+}
 }  // namespace detail
 
 /// Initialises Kokkos for the lifetime of the object (and finalises it after). Programs may create one in
@@ -203,6 +217,7 @@ class runtime {
   runtime(int argc, char** argv) {
     detail::configure_malloc();
     if (!Kokkos::is_initialized()) {
+      detail::prepare_kokkos_environment();
       Kokkos::initialize(argc, argv);
       owner_ = true;
     }
@@ -231,8 +246,14 @@ namespace detail {
 inline void ensure_initialized() {
   if (!Kokkos::is_initialized()) {
     configure_malloc();
+    prepare_kokkos_environment();
+    // Kokkos 3.7 replaced InitArguments (gone in 4.x) by InitializationSettings.
+#if KOKKOS_VERSION >= 30700
+    Kokkos::initialize(Kokkos::InitializationSettings());
+#else
     Kokkos::InitArguments args;
     Kokkos::initialize(args);
+#endif
   }
 }
 }  // namespace detail

@@ -5,7 +5,7 @@
 # line must point at that line of SOURCE itself (the user's line), not into a library header. That is what a
 # constrained entry point buys: the mistake is reported where it was made.
 file(STRINGS ${SOURCE} expect_lines REGEX "// expect: ")
-set(args -std=c++20 -fsyntax-only)
+set(args -std=c++20 -fsyntax-only ${FLAGS})
 foreach(inc ${INCLUDES})
   list(APPEND args -isystem ${inc})
 endforeach()

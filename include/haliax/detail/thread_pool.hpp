@@ -2,13 +2,21 @@
 // disjoint outputs, so results never depend on how many threads run them or in which order. Used to run
 // GEMM row blocks with single-threaded BLAS calls (OpenBLAS's own threading changes results with the thread
 // count for some kernel types). Private.
+//
+// With a Kokkos whose host execution space is OpenMP, the pool owns no threads of its own: `run` hands the tasks
+// to a Kokkos::OpenMP instance of the pool's size (dynamic schedule, one task per chunk), so the process has one
+// set of host threads, Kokkos's, shared by the pool's tasks and the ops' Kokkos kernels. The determinism argument
+// is the same either way: which thread runs a task never changes what the task computes.
 #pragma once
+
+#include <Kokkos_Core.hpp>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,7 +31,7 @@ class thread_pool {
     return pool;
   }
 
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  int size() const { return size_; }
 
   /// Resizes the pool (the calling thread counts as one). Not to be called while work is running.
   void resize(int n) {
@@ -34,6 +42,12 @@ class thread_pool {
   /// Runs task(i) for i in [0, n), spread over the pool; returns when all are done. Tasks must not throw.
   void run(std::int64_t n, const std::function<void(std::int64_t)>& task) {
     if (n <= 0) return;
+#if defined(KOKKOS_ENABLE_OPENMP)
+    if (n > 1 && size_ > 1 && Kokkos::is_initialized()) {
+      run_openmp(n, task);
+      return;
+    }
+#endif
     if (n == 1 || workers_.empty()) {
       for (std::int64_t i = 0; i < n; ++i) task(i);
       return;
@@ -60,18 +74,57 @@ class thread_pool {
   explicit thread_pool(int n) { start_workers(n); }
 
   static int default_size() {
-    if (const char* env = std::getenv("HALIAX_NUM_THREADS")) {
-      int n = std::atoi(env);
-      if (n > 0) return n;
+    for (const char* var : {"HALIAX_NUM_THREADS", "KOKKOS_NUM_THREADS", "OMP_NUM_THREADS"}) {
+      if (!uses_openmp && var[0] != 'H') break;  // the last two size Kokkos's OpenMP threads: follow them there
+      if (const char* env = std::getenv(var)) {
+        int n = std::atoi(env);
+        if (n > 0) return n;
+      }
     }
     unsigned hw = std::thread::hardware_concurrency();
     return hw == 0 ? 1 : static_cast<int>(hw);
   }
 
+  // The backend's own host threads when it has them (OpenMP), else ours.
+  static constexpr bool uses_openmp =
+#if defined(KOKKOS_ENABLE_OPENMP)
+      true;
+#else
+      false;
+#endif
+
   void start_workers(int n) {
     stopping_ = false;
+    size_ = n;
+    if (uses_openmp) return;
     for (int i = 1; i < n; ++i) workers_.emplace_back([this] { loop(); });
   }
+
+#if defined(KOKKOS_ENABLE_OPENMP)
+  void run_openmp(std::int64_t n, const std::function<void(std::int64_t)>& task) {
+    std::unique_lock<std::mutex> run_lock(run_mutex_);  // one job at a time, as with our own threads
+    // An instance with exactly size_ threads (Kokkos's default instance has OMP_NUM_THREADS or all cores);
+    // made once per size, since each instance owns its thread-team scratch.
+    if (!omp_space_ || omp_space_size_ != size_) {
+      if (!finalize_hook_) {  // instances must be gone before Kokkos finalizes; the pool outlives it
+        Kokkos::push_finalize_hook([this] {
+          omp_space_.reset();
+          finalize_hook_ = false;
+        });
+        finalize_hook_ = true;
+      }
+      omp_space_ = std::make_unique<Kokkos::OpenMP>(size_);
+      omp_space_size_ = size_;
+    }
+    using policy = Kokkos::RangePolicy<Kokkos::OpenMP, Kokkos::Schedule<Kokkos::Dynamic>, Kokkos::IndexType<std::int64_t>>;
+    Kokkos::parallel_for("haliax::thread_pool", policy(*omp_space_, 0, n, Kokkos::ChunkSize(1)),
+                         [&task](std::int64_t i) { task(i); });
+    omp_space_->fence("haliax::thread_pool");
+  }
+  std::unique_ptr<Kokkos::OpenMP> omp_space_;
+  int omp_space_size_ = 0;
+  bool finalize_hook_ = false;
+#endif
 
   void stop_workers() {
     {
@@ -123,6 +176,7 @@ class thread_pool {
   std::int64_t done_ = 0;
   std::uint64_t generation_ = 0;
   bool stopping_ = false;
+  int size_ = 1;
 };
 
 }  // namespace haliax::detail

@@ -64,6 +64,28 @@ template <class AxA, class AxB>
 inline constexpr bool axis_subset_v =
     haliax::detail::subset_v<haliax::detail::to_list<AxA>, haliax::detail::to_list<AxB>>;
 
+/// sum over r in [0, n) of what `f(r, acc)` adds to acc, in double, with an order fixed by n alone on every
+/// backend and thread count (Kokkos::parallel_reduce's order depends on both): blocks of 4096 terms are summed
+/// in order inside a kernel in the arrays' memory space, then the block sums in order on the host.
+template <class F>
+double ordered_sum(const char* label, std::int64_t n, const F& f) {
+  constexpr std::int64_t block = 4096;
+  const std::int64_t blocks = (n + block - 1) / block;
+  if (blocks == 0) return 0.0;
+  Kokkos::View<double*, memory_space> part(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), blocks);
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, blocks), KOKKOS_LAMBDA(std::int64_t b) {
+        double acc = 0;
+        const std::int64_t end = (b + 1) * block < n ? (b + 1) * block : n;
+        for (std::int64_t r = b * block; r < end; ++r) f(r, acc);
+        part(b) = acc;
+      });
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), part);
+  double total = 0;
+  for (std::int64_t b = 0; b < blocks; ++b) total += host(b);
+  return total;
+}
+
 /// The result of a loss with reduction R over token axes Tok.
 template <class R, class T, class Tok>
 using loss_result_t = std::conditional_t<std::is_same_v<R, reduce_none_t>, named_array<T, Tok>, named_array<T, axes<>>>;
@@ -463,20 +485,16 @@ loss_result_t<R, T, Tok> reduce_tokens(const named_array<compute_t<T>, Tok>& lse
     count = tokens;
     return out;
   } else {
-    double total = 0;
-    Kokkos::parallel_reduce(
-        "haliax::nn::cross_entropy(sum)", Kokkos::RangePolicy<execution_space>(0, tokens),
-        KOKKOS_LAMBDA(std::int64_t r, double& acc) {
+    double total = ordered_sum(
+        "haliax::nn::cross_entropy(sum)", tokens, KOKKOS_LAMBDA(std::int64_t r, double& acc) {
           if (mask && !mask[r]) return;
           acc += static_cast<double>(pc[r]) + (w != 0.0 ? w * static_cast<double>(pl[r]) * pl[r] : 0.0);
-        },
-        total);
+        });
     count = tokens;
     if (mask) {
-      double kept = 0;  // exact below 2^53 tokens
-      Kokkos::parallel_reduce(
-          "haliax::nn::cross_entropy(count)", Kokkos::RangePolicy<execution_space>(0, tokens),
-          KOKKOS_LAMBDA(std::int64_t r, double& acc) { acc += mask[r] ? 1.0 : 0.0; }, kept);
+      const double kept = ordered_sum(  // exact below 2^53 tokens
+          "haliax::nn::cross_entropy(count)", tokens,
+          KOKKOS_LAMBDA(std::int64_t r, double& acc) { acc += mask[r] ? 1.0 : 0.0; });
       count = static_cast<std::int64_t>(kept);
     }
     if constexpr (std::is_same_v<R, reduce_mean_t>)
