@@ -3,11 +3,12 @@
 // after one read of g for the global gradient norm (4 more). `bytes_per_second` counts all 32 bytes; compare it
 // with BM_copy_parallel (the same thread pool copying chunks, 8 bytes per float moved) and BM_memcpy (one thread).
 //
-//   ninja -C build bench_adamw && build/bench/bench_adamw
+//   ninja -C build bench_adamw && build/bench/bench_adamw      (LEVANTER_ISA=baseline: the SSE2 loop)
 #include <boost/hana/define_struct.hpp>
 #include <cstring>
 #include <haliax/detail/thread_pool.hpp>
 #include <levanter/optim/adamw.hpp>
+#include <string>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -67,6 +68,7 @@ void run_adamw(benchmark::State& state, levanter::AdamConfig cfg) {
   }
   // floats moved per parameter: norm pass 1; fused pass 4 + 3; or moments pass 4 + 2 and apply pass 4 + 1
   const double passes = (cfg.update_rms_clipping || cfg.clip_update_norm) ? 12 : 8;
+  state.SetLabel(std::string("loop: ") + levanter::optim::detail::adamw::kernel_isa());  // LEVANTER_ISA=baseline
   state.counters["params"] = static_cast<double>(total());
   state.counters["bytes_per_second"] =
       benchmark::Counter(passes * 4.0 * static_cast<double>(total()), benchmark::Counter::kIsIterationInvariantRate);

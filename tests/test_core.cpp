@@ -71,3 +71,38 @@ TEST_CASE("bf16 rounds to nearest even") {
 TEST_CASE("a negative size is rejected with the shape") {
   CHECK_THROWS_WITH_AS(hax::zeros<float>(-1 * X), doctest::Contains("{x=-1}"), hax::shape_error);
 }
+
+// haliax's buffer cache (core.hpp) takes a buffer back only when no array is left over it. Arrays that view
+// another's buffer under other axes (rename, reshape, slices, unbind) share its lease, so the buffer returns to
+// the cache when the last of them goes; before, the lease died with the first array and the buffer was freed
+// (a page fault per 4 KiB on the next allocation of that size, every training step).
+TEST_CASE("a buffer viewed under other axes returns to the cache when the last array over it is gone") {
+  hax::clear_buffer_cache();
+  constexpr std::int64_t n = 12347;  // a size nothing else here allocates
+  const float* first = nullptr;
+  {
+    hax::named_array<float, hax::axes<Z>> renamed;
+    std::vector<hax::named_array<float, hax::axes<Y>>> rows;
+    {
+      auto x = hax::zeros<float>(n * X);
+      first = x.data();
+      renamed = hax::rename(x, X, Z);
+      CHECK(renamed.data() == first);
+    }
+    // The renamed view keeps the buffer leased: a new array of the same size must not get it.
+    {
+      auto other = hax::zeros<float>(n * X);
+      CHECK(other.data() != first);
+    }
+    auto m = hax::zeros<float>(7 * X, (n / 7 + 1) * Y);
+    const float* mfirst = m.data();
+    rows = hax::unbind(m, X);
+    m = {};
+    CHECK(rows[3].data() == mfirst + 3 * (n / 7 + 1));
+    rows.clear();
+    auto again = hax::zeros<float>(7 * X, (n / 7 + 1) * Y);
+    CHECK(again.data() == mfirst);  // back in the cache once the last row was gone
+  }
+  auto x2 = hax::zeros<float>(n * X);
+  CHECK(x2.data() == first);  // back in the cache once the renamed view was gone
+}

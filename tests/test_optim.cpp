@@ -6,6 +6,7 @@
 #include <boost/hana/define_struct.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <haliax/haliax.hpp>
 #include <levanter/optim/adamw.hpp>
@@ -622,6 +623,103 @@ TEST_CASE("adamw: the same result with 1 and 2 threads") {
     CHECK(results[0] == results[1]);
     CHECK(norms[0] == norms[1]);
   }
+}
+
+// The compiled element loop on each instruction set against the same update written out here element by element
+// (this file is built without -march and at -O0: plain scalar SSE float operations, no FMA). Bitwise equality
+// on every path is what keeps training results independent of the CPU a run lands on.
+TEST_CASE("adamw: the element loop is bitwise the scalar update on every instruction set") {
+  namespace k = opt::detail::adamw;
+  const int64_t n = 1237;  // not a multiple of the vector width or of the 256-element block
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> p0(n), g0(n), m0(n), v0(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p0[i] = nd(rng);
+    g0[i] = nd(rng) * (i % 5 == 0 ? 1e-6f : 0.3f);
+    m0[i] = nd(rng) * 0.01f;
+    v0[i] = std::abs(nd(rng)) * (i % 7 == 0 ? 0.0f : 1e-4f);  // zeros too: sqrt(0) + eps
+  }
+  k::consts c{};
+  c.clip_num = 1.0f, c.clip_den = 3.5f;
+  c.b1 = 0.9f, c.omb1 = 1.0f - 0.9f, c.b2 = 0.95f, c.omb2 = 1.0f - 0.95f, c.eps = 1e-8f;
+  c.bc1 = 1.0f - 0.9f * 0.9f * 0.9f, c.bc1_next = 1.0f - 0.9f * 0.9f * 0.9f * 0.9f, c.bc2 = 1.0f - 0.95f * 0.95f * 0.95f;
+  c.wd = 0.1f, c.neg_lr = -6e-4f;
+  const float div = 1.7f, mul = 0.3f;
+  int paths = 0;
+  for (k::isa which : {k::isa::baseline, k::isa::avx2}) {
+    if (!k::isa_available(which)) {
+      MESSAGE("this CPU has no AVX2: only the baseline loop is checked");
+      continue;
+    }
+    ++paths;
+    for (k::pass kind : {k::pass::fused, k::pass::moments, k::pass::apply})
+      for (bool nesterov : {false, true})
+        for (bool decay : {false, true})
+          for (bool clip : {false, true}) {
+            CAPTURE(static_cast<int>(which));
+            CAPTURE(static_cast<int>(kind));
+            CAPTURE(nesterov);
+            CAPTURE(decay);
+            CAPTURE(clip);
+            c.clip = clip;
+            auto p = p0, m = m0, v = v0;
+            const double sum = k::run_range_on(which, c, kind, nesterov, decay, p.data(), g0.data(), m.data(),
+                                               v.data(), n, div, mul);
+            auto ep = p0, em = m0, ev = v0;
+            std::vector<float> sq(n);
+            for (int64_t i = 0; i < n; ++i) {
+              float g = g0[i];
+              if (clip) g = g / c.clip_den * c.clip_num;
+              float mi = em[i], vi = ev[i];
+              if (kind != k::pass::apply) {
+                const float a = c.omb1 * g, b = c.b1 * mi;
+                mi = a + b;
+                const float gg = g * g, a2 = c.omb2 * gg, b2 = c.b2 * vi;
+                vi = a2 + b2;
+                em[i] = mi, ev[i] = vi;
+              }
+              float mh;
+              if (nesterov) {
+                const float x = mi / c.bc1_next, y = g / c.bc1, bx = c.b1 * x, oy = c.omb1 * y;
+                mh = bx + oy;
+              } else {
+                mh = mi / c.bc1;
+              }
+              const float r = std::sqrt(vi / c.bc2), den = r + c.eps;
+              float u = mh / den;
+              if (decay) {
+                const float w = c.wd * ep[i];
+                u = u + w;
+              }
+              if (kind == k::pass::moments) {
+                sq[i] = u * u;
+              } else {
+                const float scaled = kind == k::pass::apply ? (u / div) * mul : u;
+                const float step = scaled * c.neg_lr;
+                ep[i] = ep[i] + step;
+                sq[i] = step * step;
+              }
+            }
+            double esum = 0;  // blocks of 256, 4 interleaved double accumulators, blocks in order
+            for (int64_t b = 0; b < n; b += 256) {
+              const int64_t e = std::min<int64_t>(n, b + 256);
+              double acc[4] = {0, 0, 0, 0};
+              int64_t j = b;
+              for (; j + 4 <= e; j += 4)
+                for (int q = 0; q < 4; ++q) acc[q] += static_cast<double>(sq[j + q]);
+              for (; j < e; ++j) acc[0] += static_cast<double>(sq[j]);
+              esum += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+            }
+            CHECK(std::memcmp(p.data(), ep.data(), n * sizeof(float)) == 0);
+            CHECK(std::memcmp(m.data(), em.data(), n * sizeof(float)) == 0);
+            CHECK(std::memcmp(v.data(), ev.data(), n * sizeof(float)) == 0);
+            CHECK(sum == esum);
+          }
+  }
+  CHECK(paths >= 1);
+  const std::string isa = k::kernel_isa();
+  CHECK((isa == "avx2" || isa == "baseline"));
 }
 
 }  // namespace

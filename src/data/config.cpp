@@ -94,7 +94,10 @@ void validate(config::validator& v, const LmDataConfig& d) {
   }
   const std::string& t = d.tokenizer;
   const bool local_json = t.size() > 5 && t.substr(t.size() - 5) == ".json";
-  const bool local_dir = std::filesystem::is_directory(t) && std::filesystem::exists(std::filesystem::path(t) / "tokenizer.json");
+  // The error_code forms: a name the file system refuses (too long, say) is "not a local directory", not a throw.
+  std::error_code fs_ec;
+  const bool local_dir = std::filesystem::is_directory(t, fs_ec) &&
+                         std::filesystem::exists(std::filesystem::path(t) / "tokenizer.json", fs_ec);
   if (t == "passthrough") {
     if (!d.vocab_size)
       v.error("data.vocab_size", "the passthrough tokenizer needs a positive vocab_size; set data.vocab_size");

@@ -22,9 +22,8 @@ void copy_tiled(const char* label, const nd_plan<2>& plan, int d, T* dst, const 
   std::int64_t n_outer = 1;
   for (int e = 0; e < last; ++e)
     if (e != d) n_outer *= p.extent[e];
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n_outer * tiles_d * tiles_l),
-      KOKKOS_LAMBDA(std::int64_t w) {
+  host_loop(
+      label, n_outer * tiles_d * tiles_l, n_outer * p.extent[d] * p.extent[last], KOKKOS_LAMBDA(std::int64_t w) {
         const std::int64_t tl = w % tiles_l;
         w /= tiles_l;
         const std::int64_t td = w % tiles_d;

@@ -10,6 +10,8 @@
 #include <array>
 #include <cstdint>
 
+#include "thread_pool.hpp"
+
 namespace haliax::detail {
 
 inline constexpr int max_rank = 10;
@@ -90,8 +92,8 @@ void nd_for_each(const char* label, const nd_plan<NOps>& plan, Inner inner) {
   const std::int64_t n_chunks = (n_inner + chunk - 1) / chunk;
   std::int64_t n_outer = 1;
   for (int d = 0; d < last; ++d) n_outer *= p.extent[d];
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n_outer * n_chunks), KOKKOS_LAMBDA(std::int64_t w) {
+  host_loop(
+      label, n_outer * n_chunks, n_outer * n_inner, KOKKOS_LAMBDA(std::int64_t w) {
         std::int64_t outer = w / n_chunks;
         std::int64_t c = w - outer * n_chunks;
         std::int64_t off[NOps];

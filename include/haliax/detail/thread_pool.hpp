@@ -11,6 +11,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace haliax::detail {
@@ -40,15 +42,20 @@ class thread_pool {
   }
 
   /// Runs task(i) for i in [0, n), spread over the pool; returns when all are done. Tasks must not throw.
+  /// Called from inside a task (an op run by a task, say), the tasks run in order on the calling thread.
   void run(std::int64_t n, const std::function<void(std::int64_t)>& task) {
     if (n <= 0) return;
+    if (n == 1 || in_task()) {
+      for (std::int64_t i = 0; i < n; ++i) task(i);
+      return;
+    }
 #if defined(KOKKOS_ENABLE_OPENMP)
-    if (n > 1 && size_ > 1 && Kokkos::is_initialized()) {
+    if (size_ > 1 && Kokkos::is_initialized()) {
       run_openmp(n, task);
       return;
     }
 #endif
-    if (n == 1 || workers_.empty()) {
+    if (workers_.empty()) {
       for (std::int64_t i = 0; i < n; ++i) task(i);
       return;
     }
@@ -69,6 +76,12 @@ class thread_pool {
   }
 
   ~thread_pool() { stop_workers(); }
+
+  /// Whether the calling thread is running one of the pool's tasks.
+  static bool& in_task() {
+    static thread_local bool flag = false;
+    return flag;
+  }
 
  private:
   explicit thread_pool(int n) { start_workers(n); }
@@ -118,7 +131,13 @@ class thread_pool {
     }
     using policy = Kokkos::RangePolicy<Kokkos::OpenMP, Kokkos::Schedule<Kokkos::Dynamic>, Kokkos::IndexType<std::int64_t>>;
     Kokkos::parallel_for("haliax::thread_pool", policy(*omp_space_, 0, n, Kokkos::ChunkSize(1)),
-                         [&task](std::int64_t i) { task(i); });
+                         [&task](std::int64_t i) {
+                           bool& flag = in_task();
+                           const bool outer = flag;
+                           flag = true;
+                           task(i);
+                           flag = outer;
+                         });
     omp_space_->fence("haliax::thread_pool");
   }
   std::unique_ptr<Kokkos::OpenMP> omp_space_;
@@ -139,12 +158,14 @@ class thread_pool {
 
   void work() {
     std::int64_t finished = 0;
+    in_task() = true;
     for (;;) {
       std::int64_t i = next_.fetch_add(1);
       if (i >= n_tasks_) break;
       (*task_.load())(i);
       ++finished;
     }
+    in_task() = false;
     if (finished > 0) {
       std::lock_guard<std::mutex> lk(m_);
       done_ += finished;
@@ -178,5 +199,31 @@ class thread_pool {
   bool stopping_ = false;
   int size_ = 1;
 };
+
+/// A host loop of `n` independent items (`work`: about how many elements they touch in all) as the ops' kernels
+/// run it. With a Serial default execution space (Debian's Kokkos) a loop of at least host_loop_min_work elements
+/// is cut into contiguous runs of items spread over the pool, so elementwise ops, broadcasts and copies use every
+/// core as the OpenMP backend's kernels do; otherwise, and on every other backend, it is a Kokkos::parallel_for.
+/// Items write disjoint outputs, so which thread runs one never changes a result.
+inline constexpr std::int64_t host_loop_min_work = std::int64_t{1} << 16;
+
+template <class F>
+void host_loop(const char* label, std::int64_t n, std::int64_t work, const F& f) {
+#if defined(KOKKOS_ENABLE_SERIAL)
+  if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace, Kokkos::Serial>) {
+    auto& pool = thread_pool::instance();
+    if (n > 1 && work >= host_loop_min_work && pool.size() > 1 && !thread_pool::in_task()) {
+      const std::int64_t runs = std::min<std::int64_t>(n, 4 * static_cast<std::int64_t>(pool.size()));
+      pool.run(runs, [&](std::int64_t r) {
+        const std::int64_t b = n * r / runs, e = n * (r + 1) / runs;
+        for (std::int64_t i = b; i < e; ++i) f(i);
+      });
+      return;
+    }
+  }
+#endif
+  (void)work;
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n), f);
+}
 
 }  // namespace haliax::detail

@@ -222,7 +222,7 @@ struct Stacked {
       for (std::int64_t i = 0; i < n; ++i) {
         auto v = Kokkos::subview(s_leaf.view(), std::pair<std::size_t, std::size_t>(static_cast<std::size_t>(i * per),
                                                                                      static_cast<std::size_t>((i + 1) * per)));
-        LL view(v, ls);
+        LL view(v, ls, s_leaf);
         if (gather) {
           haliax::detail::ad::make_sink(view, [gather, i, per](const LL& g) {
             const auto& acc = gather->ensure_grad();

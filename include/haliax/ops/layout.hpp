@@ -237,7 +237,7 @@ template <class AxB, class T, class AxG>
 named_array<T, AxB> slab_as(const named_array<T, AxG>& g, std::size_t k, std::int64_t start,
                             const std::array<std::int64_t, AxB::rank>& bs) {
   if constexpr (std::is_same_v<AxB, AxG>) {
-    return named_array<T, AxB>(slab<T>("haliax::grad_part", g.view(), g.sizes(), k, start, bs[k]), bs);
+    return named_array<T, AxB>(slab<T>("haliax::grad_part", g.view(), g.sizes(), k, start, bs[k]), bs, g);
   } else {
     auto r = named_array<T, AxB>::allocate(bs, "haliax::grad_part");
     if (r.element_count() == 0) return r;
@@ -261,7 +261,7 @@ void record_grad(named_array<T, Axes>& out, Bwd bwd, const In&... in) {
 /// `g` (axes AxG) relabelled as axes AxX with sizes `s` (the same elements in the same order): no copy.
 template <class AxX, class T, class AxG>
 named_array<T, AxX> relabel(const named_array<T, AxG>& g, const std::array<std::int64_t, AxX::rank>& s) {
-  return named_array<T, AxX>(g.view(), s);
+  return named_array<T, AxX>(g.view(), s, g);
 }
 
 // ---- rename -----------------------------------------------------------------------------------------
@@ -424,7 +424,7 @@ requires AxisOf<Old, Axes> && ReplacementFor<New, Old, Axes>
     named_array<T, detail::layout::replaced_axis<Axes, Old, New>> rename(const named_array<T, Axes>& x, Old, New) {
   using namespace detail;
   using R = layout::replaced_axis<Axes, Old, New>;
-  named_array<T, R> r(x.view(), x.sizes());
+  named_array<T, R> r(x.view(), x.sizes(), x);
   layout::record_grad(
       r, [](const named_array<T, R>& g, auto) { return std::tuple{layout::relabel<Axes>(g, g.sizes())}; }, x);
   return r;
@@ -438,7 +438,7 @@ requires(sizeof...(P) >= 4) && RenamingOf<Axes, P...> auto rename(const named_ar
   using namespace detail;
   using pr = layout::pairs<std::remove_cvref_t<P>...>;
   using R = to_axes<layout::renamed<to_list<Axes>, typename pr::olds, typename pr::news>>;
-  named_array<T, R> r(x.view(), x.sizes());
+  named_array<T, R> r(x.view(), x.sizes(), x);
   layout::record_grad(
       r, [](const named_array<T, R>& g, auto) { return std::tuple{layout::relabel<Axes>(g, g.sizes())}; }, x);
   return r;
@@ -470,9 +470,10 @@ auto flatten_axes(const named_array<T, Axes>& x, New) {
   for (std::size_t i = k + nold; i < Axes::rank; ++i) rs[i - nold + 1] = sizes[i];
   named_array<T, R> r;
   if constexpr (std::is_same_v<I, Axes>) {
-    r = named_array<T, R>(x.view(), rs);
+    r = named_array<T, R>(x.view(), rs, x);
   } else {
-    r = named_array<T, R>(layout::permute_copy<I>("haliax::flatten_axes", x).view(), rs);
+    const auto permuted = layout::permute_copy<I>("haliax::flatten_axes", x);
+    r = named_array<T, R>(permuted.view(), rs, permuted);
   }
   layout::record_grad(
       r,
@@ -532,7 +533,7 @@ auto unflatten_axis(const named_array<T, Axes>& x, Ax, S... new_axes) {
   for (std::size_t i = 0; i < k; ++i) rs[i] = x.sizes()[i];
   for (std::size_t i = 0; i < m; ++i) rs[k + i] = ns[i];
   for (std::size_t i = k + 1; i < Axes::rank; ++i) rs[i - 1 + m] = x.sizes()[i];
-  named_array<T, R> r(x.view(), rs);
+  named_array<T, R> r(x.view(), rs, x);
   layout::record_grad(
       r, [xs = x.sizes()](const named_array<T, R>& g, auto) { return std::tuple{layout::relabel<Axes>(g, xs)}; }, x);
   return r;
@@ -580,7 +581,7 @@ requires(sizeof...(S) > 0) && AxisOf<Ax, Axes> &&
     s[k] = p.size;
     auto v = layout::slab<T>("haliax::split", x.view(), x.sizes(), k, start, p.size);
     start += p.size;
-    return named_array<T, R>(std::move(v), s);
+    return named_array<T, R>(std::move(v), s, x);
   };
   // Braced init evaluates left to right, so the pieces get consecutive starts.
   auto out = std::tuple{piece(pieces)...};
@@ -621,7 +622,7 @@ requires AxisOf<Ax, Axes> std::vector<named_array<T, Axes>> split(const named_ar
   for (auto n : sizes) {
     auto s = x.sizes();
     s[k] = n;
-    out.emplace_back(layout::slab<T>("haliax::split", x.view(), x.sizes(), k, start, n), s);
+    out.emplace_back(layout::slab<T>("haliax::split", x.view(), x.sizes(), k, start, n), s, x);
     start += n;
   }
   if constexpr (FloatElement<T>) {
@@ -651,7 +652,7 @@ requires AxisOf<Ax, Axes> std::vector<named_array<T, detail::layout::without_axi
   std::vector<named_array<T, R>> out;
   out.reserve(static_cast<std::size_t>(x.sizes()[k]));
   for (std::int64_t i = 0; i < x.sizes()[k]; ++i)
-    out.emplace_back(layout::slab<T>("haliax::unbind", x.view(), x.sizes(), k, i, 1), rs);
+    out.emplace_back(layout::slab<T>("haliax::unbind", x.view(), x.sizes(), k, i, 1), rs, x);
   if constexpr (FloatElement<T>) {
     if (ad::tracked(x)) {
       auto gn = ad::make_gather(x);
@@ -794,7 +795,7 @@ requires NewAxisFor<New, axes<A...>> named_array<T, detail::layout::prepended<Ne
       if (!parts.empty())
         ad::record_custom(r, [parts = std::move(parts), s = arrays[0].sizes(), n](const named_array<T, R>& g) {
           for (const auto& [node, i] : parts)
-            ad::accumulate(*node, named_array<T, Axes>(detail::layout::subbuffer(g.view(), i * n, n), s));
+            ad::accumulate(*node, named_array<T, Axes>(detail::layout::subbuffer(g.view(), i * n, n), s, g));
         });
     }
   }
@@ -829,7 +830,7 @@ requires NewAxisFor<New, axes<A...>> &&(SameAxesAs<Rest, axes<A...>>&&...)
         return [&]<std::size_t... I>(std::index_sequence<I...>) {
           auto part = [&]<class AxB>(std::size_t j) {
             if (!needs[j]) return named_array<T, AxB>{};
-            named_array<T, Axes> gi(detail::layout::subbuffer(g.view(), static_cast<std::int64_t>(j) * n, n), s);
+            named_array<T, Axes> gi(detail::layout::subbuffer(g.view(), static_cast<std::int64_t>(j) * n, n), s, g);
             if constexpr (std::is_same_v<AxB, Axes>) {
               return gi;
             } else {

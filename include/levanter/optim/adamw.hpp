@@ -16,7 +16,8 @@
 //   // stats.learning_rate, stats.grad_norm (before clipping), stats.update_norm, stats.skipped
 //
 // Each leaf is updated in one fused pass over raw float pointers (reads p, g, m, v; writes p, m, v), split in
-// fixed chunks run on haliax's thread pool. Norms are summed in double per chunk and then in chunk order, so
+// fixed chunks run on haliax's thread pool. The element loop is compiled once into levanter_core and picks its
+// instruction set at run time, with bitwise the same results on every path (levanter/optim/adamw_kernel.hpp). Norms are summed in double per chunk and then in chunk order, so
 // every result is the same whatever the thread count. update_rms_clipping and clip_update_norm need the norm
 // of the whole update before any parameter moves: they take a second pass (the first writes m and v and sums
 // the update's squares; the second recomputes the update from the new moments and writes p).
@@ -37,6 +38,7 @@
 #include <haliax/detail/thread_pool.hpp>
 #include <haliax/tree.hpp>
 #include <levanter/distributed/comm.hpp>
+#include <levanter/optim/adamw_kernel.hpp>
 
 #include "config.hpp"
 #include "schedule.hpp"
@@ -194,87 +196,10 @@ std::vector<leaf_ref> param_leaves(M& params) {
   return leaves;
 }
 
-// Per-element constants of one update, all in float as optax computes them.
-struct consts {
-  float clip_num, clip_den;  // g * clip_num / clip_den when clipping triggers (optax: t / g_norm * max_norm)
-  bool clip;
-  float b1, omb1, b2, omb2, eps;
-  float bc1, bc1_next, bc2;  // 1 - b^t
-  float wd;
-  float neg_lr;
-};
-
-// Pass kinds: fused (moments + parameters), moments (moments written, update squares summed), apply (update
-// recomputed from the new moments, scaled by per-slice factors, parameters written).
-enum class pass { fused, moments, apply };
-
-// The element loop of one block: no errno-setting sqrt and no double reduction inside, so the compiler vectorises
-// it; the squares go to `out` and are summed afterwards in a fixed order.
-#if defined(__GNUC__) && !defined(__clang__)
-#define LEVANTER_ADAMW_KERNEL_ATTR __attribute__((optimize("no-math-errno")))
-#else
-#define LEVANTER_ADAMW_KERNEL_ATTR
-#endif
-
-template <pass P, bool Nesterov, bool Decay, bool Clip>
-LEVANTER_ADAMW_KERNEL_ATTR void run_block(const consts& c, float* __restrict p, const float* __restrict g_,
-                                          float* __restrict m_, float* __restrict v_, int64_t n, float div, float mul,
-                                          float* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) {
-    float g = g_[i];
-    if constexpr (Clip) g = g / c.clip_den * c.clip_num;  // optax: t / g_norm * max_norm
-    float m = m_[i], v = v_[i];
-    if constexpr (P != pass::apply) {
-      m = c.omb1 * g + c.b1 * m;  // optax: (1 - b) * g^k + b * moment
-      v = c.omb2 * (g * g) + c.b2 * v;
-      m_[i] = m;
-      v_[i] = v;
-    }
-    float mh;
-    if constexpr (Nesterov)
-      mh = c.b1 * (m / c.bc1_next) + c.omb1 * (g / c.bc1);
-    else
-      mh = m / c.bc1;
-    float u = mh / (std::sqrt(v / c.bc2) + c.eps);
-    if constexpr (Decay) u = u + c.wd * p[i];
-    if constexpr (P == pass::moments) {
-      out[i] = u * u;
-    } else {
-      const float step = (P == pass::apply ? (u / div) * mul : u) * c.neg_lr;
-      p[i] = p[i] + step;
-      out[i] = step * step;
-    }
-  }
-}
-
-inline constexpr int64_t block_elems = 256;
-
-template <pass P, bool Nesterov, bool Decay, bool Clip>
-double run_chunk(const consts& c, const leaf_ref& l, int64_t b, int64_t e, float div, float mul) {
-  // The squares are float products; their sum is in double, in a fixed
-  // order (4 interleaved accumulators per block, then blocks in order), whatever the thread count.
-  alignas(64) float sq[block_elems];
-  double total = 0;
-  for (int64_t i = b; i < e; i += block_elems) {
-    const int64_t n = std::min(block_elems, e - i);
-    run_block<P, Nesterov, Decay, Clip>(c, l.p + i, l.g + i, l.m + i, l.v + i, n, div, mul, sq);
-    double acc[4] = {0, 0, 0, 0};
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4)
-      for (int k = 0; k < 4; ++k) acc[k] += static_cast<double>(sq[j + k]);
-    for (; j < n; ++j) acc[0] += static_cast<double>(sq[j]);
-    total += (acc[0] + acc[1]) + (acc[2] + acc[3]);
-  }
-  return total;
-}
-
+// One pass over elements [b, e) of a leaf: the compiled, ISA-dispatched loop of levanter/optim/adamw_kernel.hpp.
 template <pass P>
 double dispatch(const consts& c, const leaf_ref& l, int64_t b, int64_t e, float div, float mul, bool nesterov) {
-  auto go = [&]<bool N, bool D>() {
-    return c.clip ? run_chunk<P, N, D, true>(c, l, b, e, div, mul) : run_chunk<P, N, D, false>(c, l, b, e, div, mul);
-  };
-  if (nesterov) return l.decay ? go.template operator()<true, true>() : go.template operator()<true, false>();
-  return l.decay ? go.template operator()<false, true>() : go.template operator()<false, false>();
+  return run_range(c, P, nesterov, l.decay, l.p + b, l.g + b, l.m + b, l.v + b, e - b, div, mul);
 }
 
 // Sum of squares per chunk, computed in parallel, returned in chunk order.
