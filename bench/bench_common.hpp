@@ -56,7 +56,9 @@ inline double sgemm2_rate(const std::vector<std::array<std::int64_t, 3>>& shapes
 /// Times training steps of a model with `params` parameters on `tokens` tokens per step: `step(fwd_bwd, update)`
 /// runs one step and adds its forward+backward and optimizer seconds. One warm-up step, then the benchmark's
 /// iterations. Counters: s_per_step, fwd_bwd_s, adamw_s, tokens_per_s, model_GFLOPs (6 x params x tokens / step
-/// time) and MFU over `peak()` (the larger of a measurement before and after the steps: the machine is shared,
+/// time), gemm_s (seconds per step inside haliax's GEMMs, `detail::gemm_profile`) with their rate gemm_GFLOPs,
+/// cache_misses and cache_miss_MB (buffers per step that haliax's buffer cache had to allocate afresh),
+/// and MFU over `peak()` (the larger of a measurement before and after the steps: the machine is shared,
 /// so this is the conservative denominator).
 inline void time_training_steps(benchmark::State& state, double params, std::int64_t tokens,
                                 const std::function<void(double&, double&)>& step,
@@ -65,6 +67,9 @@ inline void time_training_steps(benchmark::State& state, double params, std::int
   double fwd_bwd = 0, update = 0;
   step(fwd_bwd, update);  // warm-up: buffer cache, page faults
   fwd_bwd = update = 0;
+  haliax::detail::gemm_profile::reset();
+  haliax::detail::gemm_profile::enabled = true;
+  const auto cache0 = haliax::buffer_cache_statistics();
   double total = 0;
   std::int64_t steps = 0;
   for (auto _ : state) {
@@ -73,7 +78,11 @@ inline void time_training_steps(benchmark::State& state, double params, std::int
     total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++steps;
   }
+  haliax::detail::gemm_profile::enabled = false;
+  const auto cache1 = haliax::buffer_cache_statistics();
   const double per_step = total / double(steps);
+  const double gemm_s = double(haliax::detail::gemm_profile::nanoseconds.load()) * 1e-9;
+  const double gemm_flops = double(haliax::detail::gemm_profile::flops.load());
   const double model_flops = 6.0 * params * double(tokens) / per_step;
   const double p = std::max(peak_before, peak());
   state.counters["s_per_step"] = per_step;
@@ -83,6 +92,10 @@ inline void time_training_steps(benchmark::State& state, double params, std::int
   state.counters["model_GFLOPs"] = model_flops / 1e9;
   state.counters["sgemm2_GFLOPs"] = p / 1e9;
   state.counters["MFU"] = model_flops / p;
+  state.counters["gemm_s"] = gemm_s / double(steps);
+  state.counters["cache_miss_MB"] = double(cache1.miss_bytes - cache0.miss_bytes) / 1e6 / double(steps);
+  state.counters["cache_misses"] = double(cache1.misses - cache0.misses) / double(steps);
+  state.counters["gemm_GFLOPs"] = gemm_s > 0 ? gemm_flops / gemm_s / 1e9 : 0.0;
 }
 
 #define HALIAX_BENCHMARK_MAIN()                                       \

@@ -5,13 +5,8 @@
 # Usage: hf_programs.sh TRAIN_LM EXPORT IMPORT GOLDEN_DIR WORK_DIR
 set -euo pipefail
 train_lm=$(realpath "$1") export_prog=$(realpath "$2") import_prog=$(realpath "$3") golden=$(realpath "$4") work=$5
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
+fresh_work_dir "$work"
 expect_fail() {  # expect_fail REGEX CMD...: CMD must fail and print REGEX
   local re=$1
   shift

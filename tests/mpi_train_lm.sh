@@ -21,14 +21,8 @@ set -euo pipefail
 train_lm=$(realpath "$1")
 mpiexec=$2
 work=$3
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
+fresh_work_dir "$work"
 mpi=("$mpiexec" --oversubscribe)
 [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
 # One thread per rank keeps 4 ranks on 2 cores from thrashing (the default is the node's cores / ranks).

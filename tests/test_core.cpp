@@ -106,3 +106,42 @@ TEST_CASE("a buffer viewed under other axes returns to the cache when the last a
   auto x2 = hax::zeros<float>(n * X);
   CHECK(x2.data() == first);  // back in the cache once the renamed view was gone
 }
+
+// Moving or assigning an array hands its buffer on without a stray view: a Kokkos 3 View copies on move, so a
+// member-wise move left the source viewing the buffer without its lease, and member-wise assignment dropped the
+// old lease while the array still viewed the old buffer. Either way the buffer was freed instead of cached (in a
+// GPT-2 training step: every per-layer weight gradient, mapped afresh each step).
+TEST_CASE("moves and assignments return buffers to the cache") {
+  hax::clear_buffer_cache();
+  auto misses = [] { return hax::buffer_cache_statistics().misses; };
+  constexpr std::int64_t n = 23459, m = 23473, k = 23497;  // sizes nothing else here allocates
+  const float* first = nullptr;
+  {
+    auto a = hax::zeros<float>(n * X);
+    first = a.data();
+    auto b = std::move(a);  // b goes before a: a must not hold the buffer past b
+    CHECK_FALSE(a.valid());
+    CHECK(a.data() == nullptr);
+    CHECK(b.data() == first);
+  }
+  auto before = misses();
+  auto again = hax::zeros<float>(n * X);
+  CHECK(misses() == before);
+  CHECK(again.data() == first);
+
+  auto x = hax::zeros<float>(m * X);
+  const float* xfirst = x.data();
+  x = hax::zeros<float>(k * X);  // move assignment over x's buffer
+  before = misses();
+  auto y = hax::zeros<float>(m * X);
+  CHECK(misses() == before);
+  CHECK(y.data() == xfirst);
+
+  const float* yfirst = y.data();
+  y = x;  // copy assignment over y's buffer: both now share x's
+  CHECK(y.data() == x.data());
+  before = misses();
+  auto z = hax::zeros<float>(m * X);
+  CHECK(misses() == before);
+  CHECK(z.data() == yfirst);
+}

@@ -6,14 +6,8 @@
 set -euo pipefail
 train_lm=$(realpath "$1")
 work=$2
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
+fresh_work_dir "$work"
 
 common=(--trainer.num_train_steps 40 --trainer.steps_per_eval 1000 --trainer.id kr
         --trainer.checkpointer.save_interval 1s --trainer.checkpointer.keep '[{every: 10}]')

@@ -7,13 +7,8 @@
 # Usage: viz_program.sh TRAIN_LM VIZ_LOGPROBS GOLDEN_DIR WORK_DIR
 set -euo pipefail
 train_lm=$(realpath "$1") viz=$(realpath "$2") golden=$(realpath "$3") work=$4
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
+fresh_work_dir "$work"
 expect_fail() {  # expect_fail CODE REGEX CMD...: CMD must exit with CODE and print REGEX
   local code=$1 re=$2 rc=0
   shift 2

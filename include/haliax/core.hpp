@@ -8,8 +8,10 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #if defined(__GLIBC__)
@@ -75,10 +77,29 @@ inline std::size_t cache_limit_bytes() {
   return limit;
 }
 
+/// How much idle memory a miss leaves in the cache, relative to the memory arrays hold:
+/// HALIAX_CACHE_IDLE_RATIO, default 0.5 (0: give back idle buffers on every miss of 1 MiB or more).
+inline double idle_ratio() {
+  static const double r = [] {
+    const char* env = std::getenv("HALIAX_CACHE_IDLE_RATIO");
+    const double v = env ? std::atof(env) : 0.5;
+    return v >= 0 ? v : 0.0;
+  }();
+  return r;
+}
+
 struct cache_registry {
   std::mutex m;
-  std::size_t cached_bytes = 0;
+  std::size_t cached_bytes = 0;  // idle, in the cache
+  std::size_t leased_bytes = 0;  // handed out and not yet given back
   std::vector<void (*)()> clearers;
+  // statistics (under m); HALIAX_CACHE_TRACE prints every miss, eviction and drop of 1 MiB or more to stderr
+  std::int64_t hits = 0, misses = 0, miss_bytes = 0, evicted = 0, evicted_bytes = 0, dropped_shared = 0,
+               dropped_shared_bytes = 0, dropped_full = 0, dropped_full_bytes = 0;
+  static bool trace() {
+    static const bool on = std::getenv("HALIAX_CACHE_TRACE") != nullptr;
+    return on;
+  }
   static cache_registry& instance() {
     static cache_registry r;
     return r;
@@ -112,18 +133,30 @@ struct buffer_cache {
         view_type v = std::move(it->second);
         c.idle.erase(it);
         reg.cached_bytes -= n * sizeof(T);
+        reg.leased_bytes += n * sizeof(T);
+        ++reg.hits;
         return v;
       }
-      // A miss: before growing the process, give back idle buffers of other sizes worth at least this one, so
-      // the cache holds memory for sizes that recur instead of pinning the high-water mark of every phase
-      // (initialisation temporaries, a recomputed layer) for the rest of the run. Small requests are left
-      // alone (they come from the malloc heap and barely move the resident size). The smallest idle buffer at
-      // least as large goes first, else the largest smaller ones until enough is returned; never one more than
-      // twice the request (a missed 3 MB activation once pushed out a 154 MB embedding gradient every training
-      // step, which was then mapped afresh: 200k page faults a step). Idle bytes stay bounded by the limit.
+      ++reg.misses;
+      reg.miss_bytes += static_cast<std::int64_t>(n * sizeof(T));
+      if (cache_registry::trace() && n * sizeof(T) >= (1u << 20))
+        std::fprintf(stderr, "haliax cache: miss %zu B %s (idle %zu B)\n", n * sizeof(T), label.c_str(),
+                     reg.cached_bytes);
+      // A miss: before growing the process, give back idle buffers of other sizes worth up to this one while
+      // the cache holds more idle memory than HALIAX_CACHE_IDLE_RATIO (0.5) of what arrays hold, so phases with
+      // other shapes (initialisation temporaries, a recomputed layer) do not pin their high-water mark for the
+      // rest of the run. Below that ratio the idle buffers stay: a training step's forward and backward need
+      // different sizes, and giving back one phase's buffers on every miss of the other made each step map
+      // about 0.9 GB afresh (GPT-2 small at 4 x 64: 274 misses and 0.4 s of page faults a step; none now).
+      // Small requests are left alone (they come from the malloc heap and barely move the resident size). The
+      // smallest idle buffer at least as large goes first, else the largest smaller ones; never one more than
+      // twice the request (a missed 3 MB activation once pushed out a 154 MB embedding gradient). Idle bytes
+      // stay bounded by HALIAX_CACHE_MB as well.
       const std::size_t want = n * sizeof(T);
+      reg.leased_bytes += want;
       std::size_t freed = 0;
-      while (want >= (std::size_t{1} << 20) && freed < want && !c.idle.empty()) {
+      while (want >= (std::size_t{1} << 20) && freed < want && !c.idle.empty() &&
+             double(reg.cached_bytes) > idle_ratio() * double(reg.leased_bytes)) {
         auto victim = c.idle.end();
         auto largest_smaller = c.idle.end();
         for (auto e = c.idle.begin(); e != c.idle.end(); ++e) {
@@ -137,6 +170,11 @@ struct buffer_cache {
         if (victim == c.idle.end()) break;
         freed += victim->first * sizeof(T);
         reg.cached_bytes -= victim->first * sizeof(T);
+        ++reg.evicted;
+        reg.evicted_bytes += static_cast<std::int64_t>(victim->first * sizeof(T));
+        if (cache_registry::trace())
+          std::fprintf(stderr, "haliax cache:   evict %zu B %s\n", victim->first * sizeof(T),
+                       victim->second.label().c_str());
         c.idle.erase(victim);
       }
     }
@@ -145,12 +183,26 @@ struct buffer_cache {
 
   /// Takes back a buffer no one references any more (else it is simply dropped).
   static void release(view_type& v) {
-    if (v.use_count() != 1 || v.extent(0) == 0) return;
+    if (v.extent(0) == 0) return;
     const std::size_t bytes = v.extent(0) * sizeof(T);
     auto& c = instance();
     auto& reg = cache_registry::instance();
     std::lock_guard<std::mutex> lk(reg.m);
-    if (!Kokkos::is_initialized() || reg.cached_bytes + bytes > cache_limit_bytes()) return;
+    reg.leased_bytes -= std::min(reg.leased_bytes, bytes);
+    if (v.use_count() != 1) {
+      ++reg.dropped_shared;
+      reg.dropped_shared_bytes += static_cast<std::int64_t>(bytes);
+      if (cache_registry::trace() && bytes >= (1u << 20))
+        std::fprintf(stderr, "haliax cache: dropped (still viewed) %zu B %s\n", bytes, v.label().c_str());
+      return;
+    }
+    if (!Kokkos::is_initialized() || reg.cached_bytes + bytes > cache_limit_bytes()) {
+      ++reg.dropped_full;
+      reg.dropped_full_bytes += static_cast<std::int64_t>(bytes);
+      if (cache_registry::trace() && bytes >= (1u << 20))
+        std::fprintf(stderr, "haliax cache: dropped (cache full) %zu B %s\n", bytes, v.label().c_str());
+      return;
+    }
     c.idle.emplace(v.extent(0), v);
     v = view_type();
     reg.cached_bytes += bytes;
@@ -171,6 +223,23 @@ struct buffer_lease {
 };
 
 }  // namespace detail
+
+/// Counters of haliax's buffer cache since the process started (all element types): requests served from the
+/// cache (`hits`) and by a fresh allocation (`misses`, `miss_bytes`), idle buffers given back to make room
+/// (`evicted`), buffers not cached because the cache was full (`dropped_full`), bytes idle and in use now.
+/// A training step that repeats the previous one's shapes should show no misses (bench_gpt2_step reports them).
+struct buffer_cache_stats {
+  std::int64_t hits = 0, misses = 0, miss_bytes = 0, evicted = 0, evicted_bytes = 0, dropped_full = 0,
+               dropped_full_bytes = 0, dropped_shared = 0, dropped_shared_bytes = 0;
+  std::size_t idle_bytes = 0, leased_bytes = 0;
+};
+inline buffer_cache_stats buffer_cache_statistics() {
+  auto& r = detail::cache_registry::instance();
+  std::lock_guard<std::mutex> lk(r.m);
+  return {r.hits,         r.misses,          r.miss_bytes,   r.evicted,         r.evicted_bytes,
+          r.dropped_full, r.dropped_full_bytes, r.dropped_shared, r.dropped_shared_bytes, r.cached_bytes,
+          r.leased_bytes};
+}
 
 /// Frees every idle cached buffer (memory in use by live arrays is untouched).
 inline void clear_buffer_cache() {
@@ -322,6 +391,43 @@ class named_array<T, axes<A...>> {
 
   /// An empty handle (no buffer); `valid()` is false.
   named_array() = default;
+  named_array(const named_array&) = default;
+  /// Leaves `o` an empty handle. (Written out: a Kokkos 3 View copies on move, so a member-wise move would
+  /// leave `o` viewing the buffer without its lease, and the buffer would be freed instead of cached.)
+  named_array(named_array&& o) noexcept
+      : lease_(std::move(o.lease_)),
+        data_(o.data_),
+        sizes_(o.sizes_),
+        ad_node_(std::move(o.ad_node_)),
+        valid_(o.valid_) {
+    o.data_ = view_type();
+    o.valid_ = false;
+  }
+  ~named_array() = default;
+  // Assignment lets go of the old buffer as the destructor does, view before lease, so that the lease sees the
+  // buffer unviewed and returns it to the cache. (Member-wise assignment would drop the lease first while this
+  // array still viewed the old buffer, and the buffer would be freed instead of cached.)
+  named_array& operator=(const named_array& o) {
+    if (this != &o) {
+      named_array copy(o);
+      swap(copy);
+    }
+    return *this;
+  }
+  named_array& operator=(named_array&& o) noexcept {
+    if (this != &o) {
+      named_array taken(std::move(o));
+      swap(taken);
+    }
+    return *this;
+  }
+  void swap(named_array& o) noexcept {
+    std::swap(lease_, o.lease_);
+    std::swap(data_, o.data_);
+    std::swap(sizes_, o.sizes_);
+    std::swap(ad_node_, o.ad_node_);
+    std::swap(valid_, o.valid_);
+  }
 
   /// Wraps an existing contiguous buffer. Throws if the buffer is smaller than the sizes need. (An array carries
   /// no sharding: how a parameter tree is laid over ranks is decided per tree by levanter's distributed plan,

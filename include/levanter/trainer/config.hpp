@@ -88,6 +88,10 @@ struct TrainerConfig {
 /// included.
 void validate(config::validator& v, const TrainerConfig& t);
 
+/// The bfloat16 instructions this CPU has ("AVX512_BF16", "AMX-BF16", both, or "" for none), for the note a
+/// bfloat16 `trainer.mp` policy gets.
+std::string cpu_bf16_instructions();
+
 }  // namespace levanter
 
 template <>
