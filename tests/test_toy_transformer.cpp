@@ -80,15 +80,18 @@ TEST_CASE("a repeated training step allocates no buffer afresh") {
   auto m = model::init(hax::random::make_key(0), c, 64);
   auto tokens = pattern_batch(4, 64, c.vocab, 7);
   auto loss_fn = [&](const model& p) { return p.loss(tokens, c); };
-  std::int64_t misses_before = 0;
+  hax::buffer_cache_stats before;
   float losses[3] = {};
   for (int step = 0; step < 3; ++step) {
-    if (step == 2) misses_before = hax::buffer_cache_statistics().misses;
+    if (step == 2) before = hax::buffer_cache_statistics();
     auto [loss, g] = hax::value_and_grad(loss_fn)(m);
     losses[step] = loss.item();
   }
   const auto s = hax::buffer_cache_statistics();
   MESSAGE("buffer cache: " << s.hits << " hits, " << s.misses << " misses, " << s.evicted << " evicted");
-  CHECK(s.misses - misses_before == 0);
+  CHECK(s.misses - before.misses == 0);
+  CHECK(s.hits > before.hits);
+  // No buffer was given back while an array still viewed it (a moved-from array once did: freed, not cached).
+  CHECK(s.dropped_shared == 0);
   CHECK(losses[2] == losses[0]);
 }
