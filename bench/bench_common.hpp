@@ -24,16 +24,17 @@ inline void add_context() {
   const char* env = std::getenv("OPENBLAS_CORETYPE");
   benchmark::AddCustomContext("OPENBLAS_CORETYPE", env ? env : "(unset)");
   benchmark::AddCustomContext("kokkos_execution_space", haliax::execution_space::name());
+  benchmark::AddCustomContext("bf16_matmul", haliax::bf16_matmul_backend());
 }
 
 }  // namespace bench
 
 /// main() for a haliax benchmark: Kokkos initialised, context recorded.
-/// Best-of-3 FLOP/s of cblas_sgemm with 2 OpenBLAS threads over GEMM shapes {m, n, k} (row-major, no
-/// transposes), time-weighted by FLOPs: the reference rate a model step's MFU is measured against.
-inline double sgemm2_rate(const std::vector<std::array<std::int64_t, 3>>& shapes) {
-  const int saved = openblas_get_num_threads();
-  openblas_set_num_threads(2);
+/// Best-of-3 FLOP/s of `gemm(m, n, k, a, b, c)` (row-major, no transposes) over shapes {m, n, k}, time-weighted by
+/// FLOPs.
+inline double gemm_rate(const std::vector<std::array<std::int64_t, 3>>& shapes,
+                        const std::function<void(std::int64_t, std::int64_t, std::int64_t, const float*, const float*,
+                                                 float*)>& gemm) {
   double flops = 0, secs = 0;
   for (const auto& s : shapes) {
     const auto m = s[0], n = s[1], k = s[2];
@@ -41,16 +42,36 @@ inline double sgemm2_rate(const std::vector<std::array<std::int64_t, 3>>& shapes
     double best = 1e30;
     for (int r = 0; r < 4; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a.data(), int(k), b.data(),
-                  int(n), 0.0f, c.data(), int(n));
+      gemm(m, n, k, a.data(), b.data(), c.data());
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r > 0) best = std::min(best, t);
     }
     flops += 2.0 * double(m) * double(n) * double(k);
     secs += best;
   }
-  openblas_set_num_threads(saved);
   return flops / secs;
+}
+
+/// The rate of cblas_sgemm with 2 OpenBLAS threads over GEMM shapes {m, n, k}: the reference rate a model step's
+/// MFU is measured against.
+inline double sgemm2_rate(const std::vector<std::array<std::int64_t, 3>>& shapes) {
+  const int saved = openblas_get_num_threads();
+  openblas_set_num_threads(2);
+  const double r = gemm_rate(shapes, [](std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
+                                        float* c) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(k), b, int(n), 0.0f, c,
+                int(n));
+  });
+  openblas_set_num_threads(saved);
+  return r;
+}
+
+/// The rate of haliax's float GEMM (the pool's threads) over shapes {m, n, k} in matmul precision `p`: under bf16
+/// (where it runs) the rate of the bfloat16 GEMM, operand rounding included.
+inline double haliax_gemm_rate(const std::vector<std::array<std::int64_t, 3>>& shapes, haliax::matmul_precision p) {
+  haliax::matmul_precision_scope scope(p);
+  return gemm_rate(shapes, [](std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
+                              float* c) { haliax::detail::gemm_batched<float>(false, false, 1, m, n, k, a, b, c); });
 }
 
 /// Times training steps of a model with `params` parameters on `tokens` tokens per step: `step(fwd_bwd, update)`

@@ -2,6 +2,8 @@
 // update, as train_lm runs it (flash attention, fused cross-entropy, per-layer gradient checkpointing off/on).
 // Reported: seconds per step, tokens/s, model FLOP/s (6 x parameters x tokens / step time, the llm.c/PaLM MFU
 // convention) and MFU = that over the 2-thread cblas_sgemm rate measured in the same run on GPT-2's GEMM shapes.
+// With bf16=1 the step runs under matmul_precision::bf16 (trainer.mp p=f32,c=bfloat16): bf16gemm_GFLOPs is then
+// haliax's bfloat16 GEMM rate on the same shapes (operand rounding included) and MFU_bf16 the model rate over it.
 //
 //   build/bench/bench_gpt2_step --benchmark_min_time=1x          (run once more with OPENBLAS_CORETYPE=SkylakeX)
 #include <algorithm>
@@ -28,6 +30,12 @@ double sgemm_peak(std::int64_t tokens) {
 void BM_Gpt2Step(benchmark::State& state) {
   const std::int64_t B = state.range(0), P = state.range(1);
   const bool checkpointing = state.range(2) != 0;
+  const bool bf16 = state.range(3) != 0;
+  if (bf16 && !hax::bf16_matmul_available()) {
+    state.SkipWithError(("no bfloat16 GEMM here: " + hax::bf16_matmul_backend()).c_str());
+    return;
+  }
+  hax::matmul_precision_scope precision(bf16 ? hax::matmul_precision::bf16 : hax::matmul_precision::f32);
   levanter::Gpt2Config cfg;  // GPT-2 small
   cfg.gradient_checkpointing = checkpointing;
   const std::int64_t V = 50257;
@@ -51,16 +59,26 @@ void BM_Gpt2Step(benchmark::State& state) {
     fwd_bwd += std::chrono::duration<double>(t1 - t0).count();
     update += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   };
-  time_training_steps(state, double(hax::tree::parameter_count(model)), B * P, step, [&] { return sgemm_peak(B * P); });
+  const double params = double(hax::tree::parameter_count(model));
+  time_training_steps(state, params, B * P, step, [&] { return sgemm_peak(B * P); });
+  if (bf16) {
+    const std::int64_t n = B * P;
+    const double rate = haliax_gemm_rate(
+        {{n, 768, 768}, {n, 2304, 768}, {n, 3072, 768}, {n, 768, 3072}, {n, 50257, 768}}, hax::matmul_precision::bf16);
+    state.counters["bf16gemm_GFLOPs"] = rate / 1e9;
+    state.counters["MFU_bf16"] = 6.0 * params * double(n) / state.counters["s_per_step"] / rate;
+  }
 }
 
 }  // namespace
 
 BENCHMARK(BM_Gpt2Step)
-    ->ArgNames({"batch", "pos", "ckpt"})
-    ->Args({4, 64, 0})
-    ->Args({8, 256, 0})
-    ->Args({8, 256, 1})
+    ->ArgNames({"batch", "pos", "ckpt", "bf16"})
+    ->Args({4, 64, 0, 0})
+    ->Args({8, 256, 0, 0})
+    ->Args({8, 256, 1, 0})
+    ->Args({4, 64, 0, 1})
+    ->Args({8, 256, 0, 1})
     ->Unit(benchmark::kSecond)
     ->UseRealTime()
     ->Iterations(3);

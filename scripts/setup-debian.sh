@@ -8,6 +8,8 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   # Execution and BLAS: Kokkos (Serial backend) + Kokkos Kernels over OpenBLAS.
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev
+  # bfloat16 GEMMs (trainer.mp p=f32,c=bfloat16) on CPUs with AVX512_BF16 or AMX-BF16.
+  libdnnl-dev
   # Axis algebra (MP11) and struct reflection (Hana) are both in the Boost headers.
   libboost-dev
   # Later subsystems: configs, checkpoints, distribution, data.

@@ -4,6 +4,8 @@
 #include "axis.hpp"
 #include "bf16.hpp"
 #include "core.hpp"
+#include "precision.hpp"
+#include "detail/gemm_bf16.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/reduction.hpp"
 #include "ops/dot.hpp"

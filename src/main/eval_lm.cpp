@@ -229,6 +229,8 @@ eval_lm_result evaluate_model(const eval_job& job, const eval_model& m, std::ost
   const TrainerConfig& t = job.trainer;
   run_context run(cfg.trainer, job.resolved_yaml, out, "eval_lm");
   auto log = run.logger();
+  // trainer.mp as train_lm applies it: bfloat16 products where this machine runs them.
+  haliax::matmul_precision_scope precision(matmul_precision_of(t));
   log("model " + m.name + (m.step ? " (step " + std::to_string(*m.step) + ")" : "") + ": " + m.type + ", " +
       std::to_string(m.parameters) + " parameters, vocab " + std::to_string(m.vocab) + ", sequences of " +
       std::to_string(m.seq_len) + " tokens");

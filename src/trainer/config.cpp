@@ -6,6 +6,7 @@
 #include <cpuid.h>
 #endif
 
+#include <haliax/detail/gemm_bf16.hpp>
 #include <levanter/config/validate.hpp>
 
 namespace levanter {
@@ -42,17 +43,33 @@ static void check_dtype(config::validator& v, const config::MpPolicy& mp) {
     v.refuse("trainer.mp", "float16 and float64 policies are not supported (float16 needs loss scaling)",
              "use f32, bfloat16, or p=f32,c=bfloat16");
   } else if (mp.param == dtype::bf16 || mp.compute == dtype::bf16 || mp.output == dtype::bf16) {
-    // Parameters, compute and outputs are all f32 whatever the policy says, so the results are bitwise those of
-    // mp: f32 (tests/train_lm_bf16_policy.sh checks it through train_lm).
+    // What the policy does here, said once: bfloat16 matrix products where they can run, f32 (bitwise mp: f32's
+    // results, tests/train_lm_bf16_policy.sh) where they cannot. Parameters stay f32 either way.
     const std::string isa = cpu_bf16_instructions();
-    if (isa.empty())
+    const std::string kept = mp.param == dtype::bf16 ? "; parameters are kept in f32 (p=bfloat16 is not supported)"
+                                                     : "";
+    if (mp.compute != dtype::bf16) {
+      v.note("trainer.mp", "the compute dtype is f32: the run computes in f32, with the same results as mp: f32" +
+                               kept);
+    } else if (haliax::bf16_matmul_available()) {
+      v.note("trainer.mp", "matrix products run in bfloat16 (operands rounded to bfloat16, sums in f32) on " + isa +
+                               " through " + haliax::bf16_matmul_backend() +
+                               "; norms, softmax, attention scores, the loss, gradients' sums and the optimizer "
+                               "stay f32" + kept);
+    } else if (isa.empty()) {
       v.note("trainer.mp", "this CPU has no bfloat16 instructions (AVX512_BF16 or AMX-BF16): the run computes in f32, "
-                           "with the same results as mp: f32");
-    else
-      v.note("trainer.mp", "this CPU has " + isa + ", but bfloat16 compute is not implemented yet: the run computes "
-                           "in f32, with the same results as mp: f32 (losses differ slightly from an upstream "
-                           "bfloat16 run)");
+                           "with the same results as mp: f32" + kept);
+    } else {
+      v.note("trainer.mp", "this CPU has " + isa + ", but no bfloat16 GEMM runs here (" +
+                               haliax::bf16_matmul_backend() +
+                               "): the run computes in f32, with the same results as mp: f32" + kept);
+    }
   }
+}
+
+haliax::matmul_precision matmul_precision_of(const TrainerConfig& t) {
+  return t.mp.compute == config::dtype::bf16 && haliax::bf16_matmul_available() ? haliax::matmul_precision::bf16
+                                                                                 : haliax::matmul_precision::f32;
 }
 
 void validate(config::validator& v, const TrainerConfig& t) {

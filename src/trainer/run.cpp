@@ -61,12 +61,13 @@ std::string openblas_core() {
   return c ? c : "unknown";
 }
 
-double measure_gemm_peak(std::int64_t n, int reps) {
+double measure_gemm_peak(std::int64_t n, int reps, haliax::matmul_precision p) {
   std::vector<float> a(static_cast<std::size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
+  haliax::matmul_precision_scope precision(p);
   double best = 0;
   for (int r = 0; r < reps + 1; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    haliax::detail::host_gemm_batched(false, false, 1, n, n, n, a.data(), b.data(), c.data());
+    haliax::detail::gemm_batched<float>(false, false, 1, n, n, n, a.data(), b.data(), c.data());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s);
   }

@@ -1,5 +1,6 @@
 // Row-major GEMM on contiguous buffers: C[m,n] = op(A) op(B), through Kokkos Kernels BLAS (OpenBLAS on the
-// host, cuBLAS with a CUDA Kokkos). Private.
+// host, cuBLAS with a CUDA Kokkos); float products on the host under matmul_precision::bf16 go to oneDNN's
+// bfloat16 matmul (gemm_bf16.hpp). Private.
 #pragma once
 
 #include <cblas.h>
@@ -9,9 +10,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "../bf16.hpp"
+#include "../precision.hpp"
+#include "gemm_bf16.hpp"
 #include "thread_pool.hpp"
 
 namespace haliax::detail {
@@ -75,6 +80,104 @@ void host_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int6
   }
 }
 
+#if defined(HALIAX_HAVE_ONEDNN)
+/// C = op(A) op(B) for `batch` problems with bfloat16 operands (raw bits) and f32 results, laid out as
+/// host_gemm_batched's and cut into the same tiles, each one single-threaded oneDNN matmul. Returns false (having
+/// written nothing) if oneDNN cannot run one of the tiles' shapes.
+inline bool host_gemm_batched_bf16(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                                   std::int64_t k, const std::uint16_t* A, const std::uint16_t* B, float* C) {
+  auto& ctx = onednn::context::get();
+  if (!ctx.available) return false;
+  const gemm_tiling tl = make_gemm_tiling(batch, m, n);
+  const std::int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  // The (at most four) tile shapes, made up front so that a refusal leaves C untouched.
+  const std::int64_t last_rows = m - (tl.row_blocks - 1) * tl.row_block;
+  const std::int64_t last_cols = n - (tl.col_blocks - 1) * tl.col_block;
+  std::shared_ptr<const onednn::context::tile_kernel> prims[2][2];
+  {
+    onednn::context::single_thread one;
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 2; ++c) {
+        const std::int64_t rows = r ? last_rows : (m < tl.row_block ? m : tl.row_block);
+        const std::int64_t cols = c ? last_cols : (n < tl.col_block ? n : tl.col_block);
+        prims[r][c] = ctx.primitive({trans_a, trans_b, rows, cols, k, lda, ldb, n});
+        if (!prims[r][c]) return false;
+      }
+  }
+  auto task = [&](std::int64_t t) {
+    const std::int64_t per_batch = tl.row_blocks * tl.col_blocks;
+    const std::int64_t b = t / per_batch, r = t % per_batch;
+    const std::int64_t ri = r / tl.col_blocks, ci = r % tl.col_blocks;
+    const std::int64_t r0 = ri * tl.row_block, c0 = ci * tl.col_block;
+    const std::int64_t rows = m - r0 < tl.row_block ? m - r0 : tl.row_block;
+    const std::int64_t cols = n - c0 < tl.col_block ? n - c0 : tl.col_block;
+    const std::uint16_t* a = A + b * m * k + (trans_a ? r0 : r0 * k);
+    const std::uint16_t* bb = B + b * k * n + (trans_b ? c0 * k : c0);
+    float* c = C + b * m * n + r0 * n + c0;
+    const auto& kernel = *prims[ri == tl.row_blocks - 1][ci == tl.col_blocks - 1];
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    const dnnl_dims_t a_dims{rows, k}, b_dims{k, cols}, c_dims{rows, cols};
+    const dnnl_dims_t a_str{trans_a ? 1 : lda, trans_a ? lda : 1}, b_str{trans_b ? 1 : ldb, trans_b ? ldb : 1};
+    const dnnl_dims_t c_str{n, 1};
+    dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_bf16, a_str);
+    dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_bf16, b_str);
+    dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_str);
+    dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, ms = nullptr;
+    dnnl_memory_create(&ma, &a_md, ctx.engine, const_cast<std::uint16_t*>(a));
+    dnnl_memory_create(&mb, &b_md, ctx.engine, const_cast<std::uint16_t*>(bb));
+    dnnl_memory_create(&mc, &c_md, ctx.engine, c);
+    dnnl_memory_create(&ms, &kernel.scratchpad_md, ctx.engine, onednn::thread_scratchpad(kernel.scratchpad_bytes));
+    const dnnl_exec_arg_t args[4] = {
+        {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
+    dnnl_stream_t s = onednn::thread_stream();
+    onednn::context::single_thread one;
+    const bool ok = ma && mb && mc && ms && s &&
+                    dnnl_primitive_execute(kernel.primitive.get(), s, 4, args) == dnnl_success &&
+                    dnnl_stream_wait(s) == dnnl_success;
+    dnnl_memory_destroy(ma);
+    dnnl_memory_destroy(mb);
+    dnnl_memory_destroy(mc);
+    dnnl_memory_destroy(ms);
+    if (!ok) {
+      // Only reachable when oneDNN runs out of memory for its scratchpad: nothing sensible to compute instead.
+      std::fprintf(stderr, "haliax: a bfloat16 oneDNN matmul failed (%lld x %lld x %lld); aborting\n",
+                   static_cast<long long>(rows), static_cast<long long>(cols), static_cast<long long>(k));
+      std::abort();
+    }
+  };
+  const std::int64_t tasks = batch * tl.row_blocks * tl.col_blocks;
+  if (static_cast<double>(batch) * m * n * k < 4.0e6) {
+    for (std::int64_t t = 0; t < tasks; ++t) task(t);
+  } else {
+    thread_pool::instance().run(tasks, task);
+  }
+  return true;
+}
+
+/// The calling thread's scratch for bfloat16 copies of GEMM operands (grown as needed, kept for reuse).
+inline std::uint16_t* bf16_scratch(int slot, std::int64_t n) {
+  static thread_local std::vector<std::uint16_t> buf[2];
+  if (static_cast<std::int64_t>(buf[slot].size()) < n) {
+    buf[slot].clear();
+    buf[slot].shrink_to_fit();
+    buf[slot].resize(static_cast<std::size_t>(n));
+  }
+  return buf[slot].data();
+}
+
+/// host_gemm_batched for float operands under matmul_precision::bf16: both operands rounded to bfloat16 (nearest
+/// even), products summed in f32. False if no bfloat16 GEMM can run here (the caller then computes in f32).
+inline bool host_gemm_batched_as_bf16(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m,
+                                      std::int64_t n, std::int64_t k, const float* A, const float* B, float* C) {
+  if (!onednn::context::get().available) return false;
+  std::uint16_t* a = bf16_scratch(0, batch * m * k);
+  std::uint16_t* b = bf16_scratch(1, batch * k * n);
+  round_to_bf16(A, a, batch * m * k);
+  round_to_bf16(B, b, batch * k * n);
+  return host_gemm_batched_bf16(trans_a, trans_b, batch, m, n, k, a, b, C);
+}
+#endif
+
 /// Time spent in GEMM, for benchmarks that report how much of a step is matrix multiplication. Off unless
 /// `enabled` is set (then each call pays two clock reads).
 struct gemm_profile {
@@ -103,16 +206,26 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
   }
   constexpr bool host = std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
   if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>)&&host) {
+    auto run = [&] {
+#if defined(HALIAX_HAVE_ONEDNN)
+      if constexpr (std::is_same_v<T, float>) {
+        if (current_matmul_precision() == matmul_precision::bf16 &&
+            host_gemm_batched_as_bf16(trans_a, trans_b, batch, m, n, k, A, B, C))
+          return;
+      }
+#endif
+      host_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+    };
     if (gemm_profile::enabled.load(std::memory_order_relaxed)) {
       const auto t0 = std::chrono::steady_clock::now();
-      host_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+      run();
       const auto t1 = std::chrono::steady_clock::now();
       gemm_profile::nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
       gemm_profile::flops += 2 * batch * m * n * k;
       gemm_profile::calls += 1;
       return;
     }
-    host_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+    run();
   } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     // Device memory: one Kokkos Kernels GEMM (cuBLAS with a CUDA Kokkos) per problem.
     for (std::int64_t i = 0; i < batch; ++i) {

@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 #include <tuple>
+
+#include <haliax/precision.hpp>
 #include <vector>
 
 #include <levanter/checkpoint/config.hpp>
@@ -91,6 +93,10 @@ void validate(config::validator& v, const TrainerConfig& t);
 /// The bfloat16 instructions this CPU has ("AVX512_BF16", "AMX-BF16", both, or "" for none), for the note a
 /// bfloat16 `trainer.mp` policy gets.
 std::string cpu_bf16_instructions();
+
+/// The precision trainer.mp's compute dtype runs matrix products in: bf16 when it is bfloat16 and this build and CPU
+/// run bfloat16 GEMMs (haliax::bf16_matmul_available), else f32 (the trainer's note says which).
+haliax::matmul_precision matmul_precision_of(const TrainerConfig& t);
 
 }  // namespace levanter
 

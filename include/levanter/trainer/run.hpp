@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 
+#include <haliax/precision.hpp>
 #include <levanter/config/types.hpp>
 #include <levanter/distributed/comm.hpp>
 #include <levanter/io/dir_lock.hpp>
@@ -43,9 +44,11 @@ void check_finite(double value, const char* metric, std::int64_t step, bool cras
 /// The OpenBLAS kernel family in use (e.g. "Haswell", "SkylakeX").
 std::string openblas_core();
 
-/// The GEMM rate this process reaches through haliax's deterministic tiled GEMM on a square f32 problem (FLOP/s):
-/// the denominator of the MFU we report. Takes about a quarter of a second.
-double measure_gemm_peak(std::int64_t n = 1024, int reps = 3);
+/// The GEMM rate this process reaches through haliax's deterministic tiled GEMM on a square float problem (FLOP/s)
+/// in matmul precision `p` (bf16: the bfloat16 GEMM where it runs): the denominator of the MFU we report. Takes
+/// about a quarter of a second.
+double measure_gemm_peak(std::int64_t n = 1024, int reps = 3,
+                         haliax::matmul_precision p = haliax::matmul_precision::f32);
 
 /// "1h02m", "3m05s", "42s".
 std::string human_duration(double seconds);

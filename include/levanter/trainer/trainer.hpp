@@ -125,7 +125,8 @@ class Trainer {
           distributed::communicator& comm = distributed::world())
       : cfg_(cfg), run_(run), loss_(std::move(loss)), opts_(o), comm_(comm),
         plan_(distributed::make_plan(cfg_, comm.size(), model_axes())),
-        ck_policy_(checkpoint::policy_from_config(cfg.checkpointer, run.id())), peak_flops_(measure_gemm_peak()) {
+        ck_policy_(checkpoint::policy_from_config(cfg.checkpointer, run.id())),
+        peak_flops_(measure_gemm_peak(1024, 3, matmul_precision_of(cfg))) {
     plan_.trainer = &cfg_;
     data_ = &comm_;
     if (plan_.mesh.model > 1) {
@@ -166,7 +167,8 @@ class Trainer {
   run_context& run() { return run_; }
   /// Where this run's checkpoints go (`<base_path>/<run id>` unless append_run_id_to_base_path is false).
   const std::filesystem::path& checkpoint_path() const { return ck_policy_.base_path; }
-  /// The GEMM rate measured on this machine when the Trainer was made: the denominator of MFU.
+  /// The GEMM rate measured on this machine when the Trainer was made, in the precision trainer.mp computes in (the
+  /// bfloat16 GEMM's rate under p=f32,c=bfloat16 where it runs): the denominator of MFU.
   double peak_flops() const { return peak_flops_; }
 
   void add_hook(hook<M> h) { hooks_.push_back(std::move(h)); }
@@ -224,6 +226,9 @@ class Trainer {
     const auto& t = cfg_;
     auto log = run_.logger();
     const std::int64_t start_step = state.step;
+    // trainer.mp's compute dtype: bfloat16 products for the steps and the hooks (evaluation) when this machine runs
+    // them (haliax/precision.hpp); parameters, gradients and optimizer state stay f32.
+    haliax::matmul_precision_scope precision(matmul_precision_of(cfg_));
     train_result res;
     res.run_dir = run_.dir().string();
     res.parameters = haliax::tree::parameter_count(state.model);
