@@ -13,6 +13,9 @@
 
 #include <benchmark/benchmark.h>
 #include <haliax/haliax.hpp>
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cublas_v2.h>
+#endif
 
 namespace bench {
 
@@ -38,11 +41,18 @@ inline double gemm_rate(const std::vector<std::array<std::int64_t, 3>>& shapes,
   double flops = 0, secs = 0;
   for (const auto& s : shapes) {
     const auto m = s[0], n = s[1], k = s[2];
-    std::vector<float> a(std::size_t(m * k), 0.01f), b(std::size_t(k * n), 0.02f), c(std::size_t(m * n));
+    // In the arrays' memory space (a GPU's memory under a CUDA Kokkos), fenced around each timing.
+    haliax::detail::ensure_initialized();
+    using view = Kokkos::View<float*, haliax::memory_space>;
+    view a("bench(a)", std::size_t(m * k)), b("bench(b)", std::size_t(k * n)), c("bench(c)", std::size_t(m * n));
+    Kokkos::deep_copy(a, 0.01f);
+    Kokkos::deep_copy(b, 0.02f);
     double best = 1e30;
     for (int r = 0; r < 4; ++r) {
+      Kokkos::fence();
       const auto t0 = std::chrono::steady_clock::now();
       gemm(m, n, k, a.data(), b.data(), c.data());
+      Kokkos::fence();
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r > 0) best = std::min(best, t);
     }
@@ -52,9 +62,25 @@ inline double gemm_rate(const std::vector<std::array<std::int64_t, 3>>& shapes,
   return flops / secs;
 }
 
-/// The rate of cblas_sgemm with 2 OpenBLAS threads over GEMM shapes {m, n, k}: the reference rate a model step's
-/// MFU is measured against.
+/// The rate of cblas_sgemm with 2 OpenBLAS threads over GEMM shapes {m, n, k} (on a GPU: cuBLAS's f32 GEMM): the
+/// reference rate a model step's MFU is measured against.
 inline double sgemm2_rate(const std::vector<std::array<std::int64_t, 3>>& shapes) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (!haliax::detail::host_memory) {
+    // On a GPU the reference is cuBLAS's f32 GEMM called directly (CUBLAS_COMPUTE_32F, no TF32).
+    static cublasHandle_t h = [] {
+      cublasHandle_t x;
+      cublasCreate(&x);
+      return x;
+    }();
+    return gemm_rate(shapes, [](std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
+                                float* c) {
+      const float one = 1, zero = 0;
+      cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(m), int(k), &one, b, CUDA_R_32F, int(n), a, CUDA_R_32F,
+                   int(k), &zero, c, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    });
+  }
+#endif
   const int saved = openblas_get_num_threads();
   openblas_set_num_threads(2);
   const double r = gemm_rate(shapes, [](std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
@@ -96,6 +122,7 @@ inline void time_training_steps(benchmark::State& state, double params, std::int
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     step(fwd_bwd, update);
+    Kokkos::fence();
     total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++steps;
   }

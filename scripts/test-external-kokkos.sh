@@ -44,6 +44,21 @@ prefix=$(cd "$prefix" && pwd)
 build=${build:-$root/build-kokkos-$(basename "$prefix")}
 jobs=${JOBS:-$(nproc)}
 
+# A CUDA Kokkos compiles everything through its nvcc_wrapper, for the architecture it was built for (the
+# wrapper's own default, sm_70, is gone from CUDA 13).
+if grep -q '^#define KOKKOS_ENABLE_CUDA$' "$prefix/include/KokkosCore_config.h" 2>/dev/null; then
+  case " ${CMAKE_ARGS:-} " in
+    *CMAKE_CXX_COMPILER*) ;;
+    *)
+      arch=$(sed -n 's/^#define KOKKOS_ARCH_\(HOPPER90\|ADA89\|AMPERE86\|AMPERE80\|VOLTA70\|TURING75\|BLACKWELL100\|BLACKWELL120\)$/\1/p' \
+        "$prefix/include/KokkosCore_config.h" | head -n 1)
+      sm=$(echo "$arch" | grep -o '[0-9]*$')
+      CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_CXX_COMPILER=$prefix/bin/nvcc_wrapper -DCMAKE_CXX_FLAGS=-arch=sm_${sm:-90}"
+      echo "== CUDA Kokkos ($arch): compiling with $prefix/bin/nvcc_wrapper -arch=sm_${sm:-90}"
+      ;;
+  esac
+fi
+
 echo "== configure $build against $prefix"
 # shellcheck disable=SC2086
 cmake -S "$root" -B "$build" -G Ninja -DHALIAX_KOKKOS_ROOT="$prefix" ${CMAKE_ARGS:-}

@@ -309,3 +309,82 @@ TEST_CASE("GQA flash_attention results do not depend on the thread count") {
     }
   }
 }
+
+namespace {
+
+/// The values of f at x and the gradients of sum(f(x) * w) with respect to x's q, k and v, computed on the
+/// portable kernels (what a device build runs) and on the host kernels, agree within rtol/atol.
+template <class X, class F>
+void check_portable_like_host(const F& f, const X& x, double rtol, double atol) {
+  auto run = [&](bool portable) {
+    hax::detail::portable_kernels_scope scope(portable);
+    CHECK(hax::detail::use_host_kernels() == !portable);
+    decltype(f(x)) y;
+    {
+      hax::no_grad_guard ng;
+      y = f(x);
+    }
+    return std::pair{y, grads_gqa(f, x)};
+  };
+  const auto [y_host, g_host] = run(false);
+  const auto [y_port, g_port] = run(true);
+  check_close(host(y_port), host(y_host), rtol, atol);
+  check_grads(g_port, g_host, rtol, atol);
+}
+
+}  // namespace
+
+TEST_CASE("GQA flash attention: portable kernels match the host kernels (groups, MQA, masks, both layouts)") {
+  const std::vector<config> configs = {
+      {"G=1, causal, ragged blocks", {2, 37, 37, 2, 1, 4}, {.block_q = 8, .block_k = 16}, false},
+      {"G=2, causal, block_k < block_q", {2, 29, 29, 2, 2, 4}, {.block_q = 16, .block_k = 5}, false},
+      {"G=4, sliding window 5", {2, 33, 33, 2, 4, 3}, {.sliding_window = 5, .block_q = 8, .block_k = 8}, false},
+      {"MQA G=4, causal, ragged", {2, 21, 21, 1, 4, 4}, {.block_q = 4, .block_k = 6}, false},
+      {"G=2, segments", {2, 40, 40, 2, 2, 3}, {.block_q = 8, .block_k = 8}, true},
+      {"MQA G=3, segments + window", {2, 40, 40, 1, 3, 3}, {.sliding_window = 6, .block_q = 16, .block_k = 4}, true},
+      {"G=2, segments, rows that see no key", {2, 40, 40, 2, 2, 3}, {.k_start = 2, .block_q = 8, .block_k = 6}, true},
+      {"G=2, not causal", {2, 21, 13, 2, 2, 4}, {.causal = false, .block_q = 4, .block_k = 6}, false},
+      {"G=4, decode chunk (q_start)", {1, 6, 19, 2, 4, 4}, {.q_start = 13, .block_q = 4, .block_k = 4}, false},
+      {"G=3, rows that see no key (k_start)", {1, 9, 9, 2, 3, 4}, {.k_start = 3, .block_q = 4, .block_k = 4}, false},
+  };
+  const auto seg = forty_position_segments();
+  for (const auto& c : configs) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    auto x = random_gqa<double>(60, c.s);
+    const auto* sp = c.segments ? &seg : nullptr;
+    check_portable_like_host([&](const gqa_llama<double>& m) { return flash_gqa(m, c.o, sp); }, x, 1e-11, 1e-13);
+    auto xf = as_float(x);
+    check_portable_like_host([&](const decltype(xf)& m) { return flash_gqa(m, c.o, sp); }, xf, 1e-5, 1e-6);
+    auto xh = as_float(heads_first(x));
+    check_portable_like_host([&](const decltype(xh)& m) { return flash_gqa(m, c.o, sp); }, xh, 1e-5, 1e-6);
+  }
+}
+
+namespace {
+/// q with its axes permuted (group axis outermost, position inside the heads), k and v packed (key outermost).
+struct gqa_permuted {
+  BOOST_HANA_DEFINE_STRUCT(gqa_permuted, (named_array<float, axes<QGroup, Batch, KvHead, Pos, Key>>, q),
+                           (named_array<float, axes<Key, KvHead, KPos, Batch>>, k),
+                           (named_array<float, axes<Key, KPos, Batch, KvHead>>, v));
+};
+}  // namespace
+
+TEST_CASE("GQA flash attention: portable kernels match the host kernels (permuted and packed layouts)") {
+  auto x = as_float(random_gqa<double>(65, {2, 13, 13, 2, 3, 3}));
+  gqa_permuted p{hax::rearrange<axes<QGroup, Batch, KvHead, Pos, Key>>(x.q),
+                 hax::rearrange<axes<Key, KvHead, KPos, Batch>>(x.k), hax::rearrange<axes<Key, KPos, Batch, KvHead>>(x.v)};
+  nn::flash_attention_options o{.sliding_window = 4, .block_q = 4, .block_k = 3};
+  check_portable_like_host([&](const gqa_permuted& m) { return flash_gqa(m, o); }, p, 1e-5, 1e-6);
+}
+
+TEST_CASE("GQA flash attention: portable kernels against the plain path") {
+  hax::detail::portable_kernels_scope portable;
+  const auto seg = forty_position_segments();
+  auto x = random_gqa<double>(66, {2, 40, 40, 1, 3, 3});
+  nn::flash_attention_options o{.sliding_window = 9, .block_q = 8, .block_k = 16};
+  check_close(host(flash_gqa(x, o, &seg)), host(plain_gqa(x, o, &seg)), 1e-12, 1e-13);
+  auto g_plain = grads_gqa([&](const gqa_llama<double>& m) { return plain_gqa(m, o, &seg); }, x);
+  auto g_flash = grads_gqa([&](const gqa_llama<double>& m) { return flash_gqa(m, o, &seg); }, x);
+  check_grads(g_flash, g_plain, 1e-10, 1e-12);
+}

@@ -40,6 +40,7 @@ struct axis_tag_base {};
 template <fixed_string Name>
 struct axis : axis_tag_base {
   static constexpr std::string_view name = Name.view();
+  static constexpr auto fixed_name = Name;  // the name as a template argument (for diagnostics' types)
 };
 
 /// An axis tag: an empty, final type deriving from `haliax::axis<"...">`.
@@ -113,11 +114,6 @@ struct nth_type<0, H, T...> {
 template <std::size_t I, class H, class... T>
 struct nth_type<I, H, T...> : nth_type<I - 1, T...> {};
 
-template <fixed_string N>
-constexpr auto name_string(const axis<N>*) {
-  return N;
-}
-
 /// `void` when the names of `Tag...` are distinct, else `same_axis_name<name, first tag, second tag>`.
 template <class... Tag>
 struct name_clash {
@@ -128,7 +124,7 @@ requires(first_name_clash<Tag...>()[0] < sizeof...(Tag)) struct name_clash<Tag..
   static constexpr auto at = first_name_clash<Tag...>();
   using first = typename nth_type<at[0], Tag...>::type;
   using second = typename nth_type<at[1], Tag...>::type;
-  using type = same_axis_name<name_string(static_cast<const first*>(nullptr)), first, second>;
+  using type = same_axis_name<first::fixed_name, first, second>;
 };
 
 }  // namespace detail

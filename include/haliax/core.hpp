@@ -32,6 +32,7 @@
 #include "axis.hpp"
 #include "bf16.hpp"
 #include "detail/axis_algebra.hpp"
+#include "detail/portable.hpp"
 #include "detail/thread_pool.hpp"
 
 namespace haliax {
@@ -639,12 +640,26 @@ KOKKOS_INLINE_FUNCTION T from_double(double v) {
   }
 }
 
+// Kernels live in functions whose template arguments are element types, never axis lists: nvcc names a device
+// lambda by its enclosing function's signature, and cannot print `axes<Tag{}...>` arguments back as C++.
+template <class T>
+void fill_raw(const char* label, T* p, std::int64_t n, T value) {
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) { p[i] = value; });
+}
+
+template <class T>
+void arange_raw(T* p, std::int64_t n, T start, T step) {
+  Kokkos::parallel_for(
+      "haliax::arange", Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        p[i] = static_cast<T>(static_cast<compute_t<T>>(start) +
+                              static_cast<compute_t<T>>(i) * static_cast<compute_t<T>>(step));
+      });
+}
+
 template <class T, class Axes>
 void fill(const named_array<T, Axes>& x, T value) {
-  T* p = x.data();
-  Kokkos::parallel_for(
-      "haliax::fill", Kokkos::RangePolicy<execution_space>(0, x.element_count()),
-      KOKKOS_LAMBDA(std::int64_t i) { p[i] = value; });
+  fill_raw<T>("haliax::fill", x.data(), x.element_count(), value);
 }
 
 }  // namespace detail
@@ -722,14 +737,10 @@ auto empty_like(const named_array<T, Axes>& x) {
 /// `start, start + step, ...` along one axis: `arange(10 * Pos)` is 0..9 as int32;
 /// `arange<float>(5 * X, 1.0f, 0.5f)` is 1, 1.5, ..., 3.
 template <Element T = std::int32_t, AxisTag A>
-named_array<T, axes<A{}>> arange(sized_axis<A> s, T start = T(0), T step = T(1)) {
-  auto x = named_array<T, axes<A{}>>::allocate({s.size}, "haliax::arange");
-  T* p = x.data();
-  Kokkos::parallel_for(
-      "haliax::arange", Kokkos::RangePolicy<execution_space>(0, s.size), KOKKOS_LAMBDA(std::int64_t i) {
-        p[i] = static_cast<T>(static_cast<compute_t<T>>(start) +
-                              static_cast<compute_t<T>>(i) * static_cast<compute_t<T>>(step));
-      });
+array_for<T, sized_axis<A>> arange(sized_axis<A> s, T start = T(0), T step = T(1)) {
+  // (array_for, not named_array<T, axes<A{}>>: nvcc mis-deduces the latter as an explicit template's result)
+  auto x = array_for<T, sized_axis<A>>::allocate({s.size}, "haliax::arange");
+  detail::arange_raw<T>(x.data(), s.size, start, step);
   return x;
 }
 

@@ -148,19 +148,94 @@ V scalar_arg(const std::tuple<Args...>& t, V fallback) {
 }
 
 /// Runs `f(i, n)` for every flat index of `out` in a Kokkos kernel and stores the result.
-template <class R, class F>
-void generate(const char* label, R& out, F f) {
-  using T = typename R::value_type;
-  T* p = out.data();
-  const std::int64_t n = out.element_count();
+template <class T, class F>
+void generate_raw(const char* label, T* p, std::int64_t n, F f) {
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
         p[i] = static_cast<T>(f(static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(n)));
       });
 }
+template <class R, class F>
+void generate(const char* label, R& out, F f) {
+  generate_raw<typename R::value_type, F>(label, out.data(), out.element_count(), f);
+}
 
 namespace rd = haliax::detail::random_dists;
 namespace tf = haliax::detail::threefry;
+
+// The samplers' per-element functions, as functors (not device lambdas: nvcc names a lambda by its enclosing
+// function, and cannot print a sampler's `axes<Tag{}...>` result type back as C++).
+template <class KD, class M>
+struct uniform32_fn {
+  KD kd;
+  M m;
+  float lo, hi;
+  KOKKOS_INLINE_FUNCTION float operator()(std::uint64_t i, std::uint64_t n) const {
+    return rd::uniform_f32(tf::bits32_at(kd, i, n, m), lo, hi);
+  }
+};
+template <class KD, class M>
+struct uniform64_fn {
+  KD kd;
+  M m;
+  double lo, hi;
+  KOKKOS_INLINE_FUNCTION double operator()(std::uint64_t i, std::uint64_t n) const {
+    return rd::uniform_f64(tf::bits64_at(kd, i, n, m), lo, hi);
+  }
+};
+template <class KD, class M>
+struct normal32_fn {
+  KD kd;
+  M m;
+  KOKKOS_INLINE_FUNCTION float operator()(std::uint64_t i, std::uint64_t n) const {
+    return rd::normal_f32(tf::bits32_at(kd, i, n, m));
+  }
+};
+template <class KD, class M, class P>
+struct truncated_normal32_fn {
+  KD kd;
+  M m;
+  P p;
+  KOKKOS_INLINE_FUNCTION float operator()(std::uint64_t i, std::uint64_t n) const {
+    return rd::truncated_normal_f32(tf::bits32_at(kd, i, n, m), p);
+  }
+};
+template <class KD, class M>
+struct gumbel32_fn {
+  KD kd;
+  M m;
+  KOKKOS_INLINE_FUNCTION float operator()(std::uint64_t i, std::uint64_t n) const {
+    return rd::gumbel_f32(tf::bits32_at(kd, i, n, m));
+  }
+};
+template <class KD, class M>
+struct bernoulli32_fn {
+  KD kd;
+  M m;
+  float p;
+  KOKKOS_INLINE_FUNCTION bool operator()(std::uint64_t i, std::uint64_t n) const {
+    return rd::bernoulli_f32(tf::bits32_at(kd, i, n, m), p);
+  }
+};
+template <class KD, class M>
+struct bernoulli64_fn {
+  KD kd;
+  M m;
+  double p;
+  KOKKOS_INLINE_FUNCTION bool operator()(std::uint64_t i, std::uint64_t n) const {
+    return rd::bernoulli_f64(tf::bits64_at(kd, i, n, m), p);
+  }
+};
+template <class KD, class M, class P>
+struct randint32_fn {
+  KD k_hi, k_lo;
+  M m;
+  P p;
+  KOKKOS_INLINE_FUNCTION std::int32_t operator()(std::uint64_t i, std::uint64_t n) const {
+    return rd::randint_i32(tf::bits32_at(k_hi, i, n, m), tf::bits32_at(k_lo, i, n, m), p);
+  }
+};
+
 }  // namespace detail
 
 /// The sized axes that lead a sampler's arguments have distinct names (a clash fails at the call and prints
@@ -187,14 +262,10 @@ requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
   const auto m = detail::mode_setting();
   if constexpr (std::is_same_v<T, float>) {
     detail::generate(
-        "haliax::random::uniform", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-          return detail::rd::uniform_f32(detail::tf::bits32_at(kd, i, n, m), lo, hi);
-        });
+        "haliax::random::uniform", out, detail::uniform32_fn<decltype(kd), decltype(m)>{kd, m, lo, hi});
   } else {
     detail::generate(
-        "haliax::random::uniform", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-          return detail::rd::uniform_f64(detail::tf::bits64_at(kd, i, n, m), lo, hi);
-        });
+        "haliax::random::uniform", out, detail::uniform64_fn<decltype(kd), decltype(m)>{kd, m, lo, hi});
   }
   return out;
 }
@@ -210,9 +281,7 @@ requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> &&
   const auto kd = k.data();
   const auto m = detail::mode_setting();
   detail::generate(
-      "haliax::random::normal", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-        return detail::rd::normal_f32(detail::tf::bits32_at(kd, i, n, m));
-      });
+      "haliax::random::normal", out, detail::normal32_fn<decltype(kd), decltype(m)>{kd, m});
   return out;
 }
 
@@ -230,9 +299,7 @@ truncated_normal(key k, Args... args) {
   const auto kd = k.data();
   const auto m = detail::mode_setting();
   detail::generate(
-      "haliax::random::truncated_normal", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-        return detail::rd::truncated_normal_f32(detail::tf::bits32_at(kd, i, n, m), p);
-      });
+      "haliax::random::truncated_normal", out, detail::truncated_normal32_fn<decltype(kd), decltype(m), decltype(p)>{kd, m, p});
   return out;
 }
 
@@ -247,9 +314,7 @@ requires std::is_same_v<T, float> && detail::sampler_args_v<0, true, Args...> &&
   const auto kd = k.data();
   const auto m = detail::mode_setting();
   detail::generate(
-      "haliax::random::gumbel", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-        return detail::rd::gumbel_f32(detail::tf::bits32_at(kd, i, n, m));
-      });
+      "haliax::random::gumbel", out, detail::gumbel32_fn<decltype(kd), decltype(m)>{kd, m});
   return out;
 }
 
@@ -267,14 +332,10 @@ requires(std::is_same_v<T, float> || std::is_same_v<T, double>) &&
   const auto m = detail::mode_setting();
   if constexpr (std::is_same_v<T, float>) {
     detail::generate(
-        "haliax::random::bernoulli", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-          return detail::rd::bernoulli_f32(detail::tf::bits32_at(kd, i, n, m), p);
-        });
+        "haliax::random::bernoulli", out, detail::bernoulli32_fn<decltype(kd), decltype(m)>{kd, m, p});
   } else {
     detail::generate(
-        "haliax::random::bernoulli", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-          return detail::rd::bernoulli_f64(detail::tf::bits64_at(kd, i, n, m), p);
-        });
+        "haliax::random::bernoulli", out, detail::bernoulli64_fn<decltype(kd), decltype(m)>{kd, m, p});
   }
   return out;
 }
@@ -293,11 +354,35 @@ requires detail::sampler_args_v<2, false, Args...> &&
   const auto m = detail::mode_setting();
   const auto k_hi = detail::tf::split_at(k.data(), 0, 2, m), k_lo = detail::tf::split_at(k.data(), 1, 2, m);
   detail::generate(
-      "haliax::random::randint", out, KOKKOS_LAMBDA(std::uint64_t i, std::uint64_t n) {
-        return detail::rd::randint_i32(detail::tf::bits32_at(k_hi, i, n, m), detail::tf::bits32_at(k_lo, i, n, m), p);
-      });
+      "haliax::random::randint", out, detail::randint32_fn<decltype(k_hi), decltype(m), decltype(p)>{k_hi, k_lo, m, p});
   return out;
 }
+
+namespace detail {
+/// categorical's Gumbel-max (a named function: nvcc allows no device lambda in a function with a deduced return
+/// type).
+template <class KD, class M>
+void categorical_kernel(KD kd, M m, const float* lp, std::int32_t* op, std::uint64_t n, std::int64_t outer,
+                        std::int64_t inner, std::int64_t kcat) {
+  Kokkos::parallel_for(
+      "haliax::random::categorical", Kokkos::RangePolicy<execution_space>(0, outer * inner),
+      KOKKOS_LAMBDA(std::int64_t r) {
+        const std::int64_t o = r / inner, in = r % inner;
+        std::int32_t best = 0;
+        float best_v = 0.0f;
+        for (std::int64_t j = 0; j < kcat; ++j) {
+          const std::int64_t flat = (o * kcat + j) * inner + in;
+          const float v = detail::rd::fadd(
+              detail::rd::gumbel_f32(detail::tf::bits32_at(kd, static_cast<std::uint64_t>(flat), n, m)), lp[flat]);
+          if (j == 0 || (v != v && best_v == best_v) || v > best_v) {
+            best = static_cast<std::int32_t>(j);
+            best_v = v;
+          }
+        }
+        op[r] = best;
+      });
+}
+}  // namespace detail
 
 /// jax.random.categorical(k, logits, axis) with the axis given by name: int32 indices along `Ax`, with the
 /// other axes of `logits` in their order. Gumbel-max over float32 logits.
@@ -322,31 +407,13 @@ auto categorical(key k, const named_array<float, Axes>& logits, Ax) {
   const std::uint64_t n = static_cast<std::uint64_t>(logits.element_count());
   const float* lp = logits.data();
   std::int32_t* op = out.data();
-  const auto kd = k.data();
-  const auto m = detail::mode_setting();
-  Kokkos::parallel_for(
-      "haliax::random::categorical", Kokkos::RangePolicy<execution_space>(0, outer * inner),
-      KOKKOS_LAMBDA(std::int64_t r) {
-        const std::int64_t o = r / inner, in = r % inner;
-        std::int32_t best = 0;
-        float best_v = 0.0f;
-        for (std::int64_t j = 0; j < kcat; ++j) {
-          const std::int64_t flat = (o * kcat + j) * inner + in;
-          const float v = detail::rd::fadd(
-              detail::rd::gumbel_f32(detail::tf::bits32_at(kd, static_cast<std::uint64_t>(flat), n, m)), lp[flat]);
-          if (j == 0 || (v != v && best_v == best_v) || v > best_v) {
-            best = static_cast<std::int32_t>(j);
-            best_v = v;
-          }
-        }
-        op[r] = best;
-      });
+  detail::categorical_kernel(k.data(), detail::mode_setting(), lp, op, n, outer, inner, kcat);
   return out;
 }
 
 /// jax.random.permutation(k, n) for the sized axis `n * Ax`: a shuffled int32 arange along Ax.
 template <AxisTag A>
-named_array<std::int32_t, axes<A{}>> permutation(key k, sized_axis<A> s) {
+array_for<std::int32_t, sized_axis<A>> permutation(key k, sized_axis<A> s) {
   const auto perm =
       haliax::detail::random_dists::permutation(k.data(), static_cast<std::size_t>(s.size), detail::mode_setting());
   return from_host<std::int32_t>(std::span<const std::int32_t>(perm.data(), perm.size()), s);

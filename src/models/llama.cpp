@@ -42,9 +42,9 @@ LMHeadModel LMHeadModel::init(const LlamaConfig& cfg, std::int64_t vocab, hax::r
     }
     auto km = hax::random::split(kb[1], 3);
     const auto F = cfg.intermediate_dim * levanter::Mlp;
-    b.mlp.gate_proj = Mlp<>::in_t::init(km[0], E, F, cfg.use_bias);
-    b.mlp.up_proj = Mlp<>::in_t::init(km[1], E, F, cfg.use_bias);
-    b.mlp.down_proj = Mlp<>::out_t::init(km[2], F, E, cfg.use_bias);
+    b.mlp.gate_proj = LlamaMlp<>::in_t::init(km[0], E, F, cfg.use_bias);
+    b.mlp.up_proj = LlamaMlp<>::in_t::init(km[1], E, F, cfg.use_bias);
+    b.mlp.down_proj = LlamaMlp<>::out_t::init(km[2], F, E, cfg.use_bias);
     b.input_layernorm = make_norm<L::norm_t>(cfg, E);
     b.post_attention_layernorm = make_norm<L::norm_t>(cfg, E);
     if (cfg.hybrid_norm) {

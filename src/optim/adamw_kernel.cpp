@@ -3,6 +3,9 @@
 // not vectorise the loop at all.
 #include <levanter/optim/adamw_kernel.hpp>
 
+#include <Kokkos_Core.hpp>
+#include <haliax/detail/math.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -143,6 +146,107 @@ bool isa_available(isa which) {
 #else
   return false;
 #endif
+}
+
+namespace {
+
+// One element of run_range's block, as a device function: the same float operations in the same order.
+KOKKOS_INLINE_FUNCTION float portable_element(const consts& c, chunk_job job, bool nesterov, bool decay, float* p,
+                                              const float* g_, float* m_, float* v_, int64_t i, float div,
+                                              float mul) {
+  float g = g_[i];
+  if (c.clip) g = g / c.clip_den * c.clip_num;
+  float m = m_[i], v = v_[i];
+  if (job != chunk_job::apply) {
+    m = c.omb1 * g + c.b1 * m;
+    v = c.omb2 * (g * g) + c.b2 * v;
+    m_[i] = m;
+    v_[i] = v;
+  }
+  float mh;
+  if (nesterov)
+    mh = c.b1 * (m / c.bc1_next) + c.omb1 * (g / c.bc1);
+  else
+    mh = m / c.bc1;
+  float u = mh / (haliax::detail::math::sqrt(v / c.bc2) + c.eps);
+  if (decay) u = u + c.wd * p[i];
+  if (job == chunk_job::moments) return u * u;
+  const float step = (job == chunk_job::apply ? (u / div) * mul : u) * c.neg_lr;
+  p[i] = p[i] + step;
+  return step * step;
+}
+
+}  // namespace
+
+std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nesterov,
+                                        const std::vector<chunk_ref>& chunks) {
+  using exec = Kokkos::DefaultExecutionSpace;
+  using mem = exec::memory_space;
+  const int64_t nc = static_cast<int64_t>(chunks.size());
+  std::vector<double> out(chunks.size(), 0.0);
+  if (nc == 0) return out;
+  Kokkos::View<chunk_ref*, Kokkos::HostSpace> host_refs(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw chunks"),
+                                                        static_cast<std::size_t>(nc));
+  for (int64_t i = 0; i < nc; ++i) host_refs(i) = chunks[static_cast<std::size_t>(i)];
+  auto refs = Kokkos::create_mirror_view_and_copy(mem(), host_refs);
+  Kokkos::View<double*, mem> sums(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw chunk sums"),
+                                  static_cast<std::size_t>(nc));
+  if (job == chunk_job::grad_squares) {
+    // As the host: one double sum per chunk, element by element.
+    Kokkos::parallel_for(
+        "levanter::adamw(grad squares)", Kokkos::RangePolicy<exec>(0, nc), KOKKOS_LAMBDA(int64_t ci) {
+          const chunk_ref r = refs(ci);
+          double s = 0;
+          for (int64_t k = 0; k < r.n; ++k) s += static_cast<double>(r.g[k]) * r.g[k];
+          sums(ci) = s;
+        });
+  } else {
+    // Three kernels: the elements (one work item each, so a GPU's accesses coalesce), each writing its square;
+    // the squares of each block of block_elems in four interleaved double accumulators, as run_range sums
+    // them; then each chunk's blocks in order.
+    constexpr int64_t chunk_cap = int64_t{1} << 15;
+    constexpr int64_t per_chunk = chunk_cap / block_elems;
+    for (const auto& r : chunks)
+      if (r.n > chunk_cap) Kokkos::abort("levanter::adamw: a chunk larger than the portable loop's 2^15 elements");
+    Kokkos::View<float*, mem> squares(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw squares"),
+                                      static_cast<std::size_t>(nc * chunk_cap));
+    Kokkos::View<double*, mem> blocks(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw block sums"),
+                                      static_cast<std::size_t>(nc * per_chunk));
+    const consts cc = c;
+    Kokkos::parallel_for(
+        "levanter::adamw(update)", Kokkos::RangePolicy<exec>(0, nc * chunk_cap), KOKKOS_LAMBDA(int64_t e) {
+          const int64_t ci = e / chunk_cap, j = e - ci * chunk_cap;
+          const chunk_ref r = refs(ci);
+          if (j >= r.n) return;
+          squares(e) = portable_element(cc, job, nesterov, r.decay, r.p, r.g, r.m, r.v, j, r.div, r.mul);
+        });
+    Kokkos::parallel_for(
+        "levanter::adamw(block sums)", Kokkos::RangePolicy<exec>(0, nc * per_chunk), KOKKOS_LAMBDA(int64_t w) {
+          const int64_t ci = w / per_chunk, b = w - ci * per_chunk;
+          const int64_t n = refs(ci).n;
+          const int64_t i0 = b * block_elems;
+          if (i0 >= n) {
+            blocks(w) = 0;
+            return;
+          }
+          const int64_t k = n - i0 < block_elems ? n - i0 : block_elems;
+          const int64_t k4 = k - k % 4;
+          const int64_t base = ci * chunk_cap + i0;
+          double acc[4] = {0, 0, 0, 0};
+          for (int64_t j = 0; j < k; ++j) acc[j < k4 ? j % 4 : 0] += static_cast<double>(squares(base + j));
+          blocks(w) = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        });
+    Kokkos::parallel_for(
+        "levanter::adamw(chunk sums)", Kokkos::RangePolicy<exec>(0, nc), KOKKOS_LAMBDA(int64_t ci) {
+          const int64_t nb = (refs(ci).n + block_elems - 1) / block_elems;
+          double total = 0;
+          for (int64_t b = 0; b < nb; ++b) total += blocks(ci * per_chunk + b);
+          sums(ci) = total;
+        });
+  }
+  auto host_sums = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
+  for (int64_t i = 0; i < nc; ++i) out[static_cast<std::size_t>(i)] = host_sums(i);
+  return out;
 }
 
 const char* kernel_isa() {

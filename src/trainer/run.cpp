@@ -62,12 +62,20 @@ std::string openblas_core() {
 }
 
 double measure_gemm_peak(std::int64_t n, int reps, haliax::matmul_precision p) {
-  std::vector<float> a(static_cast<std::size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
+  // In the arrays' memory space (device memory on a GPU build), fenced, so the rate is the device's.
+  haliax::detail::ensure_initialized();
+  using view = Kokkos::View<float*, haliax::memory_space>;
+  const auto count = static_cast<std::size_t>(n * n);
+  view a("levanter::gemm_peak(a)", count), b("levanter::gemm_peak(b)", count), c("levanter::gemm_peak(c)", count);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
   haliax::matmul_precision_scope precision(p);
   double best = 0;
   for (int r = 0; r < reps + 1; ++r) {
+    Kokkos::fence();
     const auto t0 = std::chrono::steady_clock::now();
     haliax::detail::gemm_batched<float>(false, false, 1, n, n, n, a.data(), b.data(), c.data());
+    Kokkos::fence();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s);
   }

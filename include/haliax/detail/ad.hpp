@@ -148,20 +148,25 @@ bool any_tracked(const X&... x) {
   return (tracked(x) || ...);
 }
 
-/// a += b elementwise, same sizes.
-template <class T, class Axes>
-void add_into(const named_array<T, Axes>& a, const named_array<T, Axes>& b) {
-  T* pa = a.data();
-  const T* pb = b.data();
+/// pa[i] += pb[i] for i < n (a named function, so that callers inside generic lambdas can use it on a device).
+template <class T>
+void add_into_raw(const char* label, T* pa, const T* pb, std::int64_t n) {
   Kokkos::parallel_for(
-      "haliax::grad_accumulate", Kokkos::RangePolicy<execution_space>(0, a.element_count()),
+      label, Kokkos::RangePolicy<execution_space>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) {
+        HALIAX_CAPTURE(pa, pb);
         if constexpr (std::is_same_v<T, bf16>) {
           pa[i] = bf16(static_cast<float>(pa[i]) + static_cast<float>(pb[i]));
         } else {
           pa[i] = pa[i] + pb[i];
         }
       });
+}
+
+/// a += b elementwise, same sizes.
+template <class T, class Axes>
+void add_into(const named_array<T, Axes>& a, const named_array<T, Axes>& b) {
+  add_into_raw<T>("haliax::grad_accumulate", a.data(), b.data(), a.element_count());
 }
 
 /// Adds a gradient contribution to a node. The first contribution is stored as is (shared, never written);
@@ -243,10 +248,7 @@ struct gather_node final : node_base {
   const named_array<T, AxIn>& ensure_grad() {
     if (!grad.valid()) {
       grad = named_array<T, AxIn>::allocate(sizes, "haliax::grad");
-      T* p = grad.data();
-      Kokkos::parallel_for(
-          "haliax::grad_zero", Kokkos::RangePolicy<execution_space>(0, grad.element_count()),
-          KOKKOS_LAMBDA(std::int64_t i) { p[i] = T(0); });
+      fill_raw<T>("haliax::grad_zero", grad.data(), grad.element_count(), T(0));
     }
     return grad;
   }
@@ -303,6 +305,67 @@ void backward(tape& t, const named_array<T, Axes>& out, const named_array<T, Axe
   t.nodes.clear();
 }
 
+/// unbroadcast's index plan: the kept dims (in the input's order) and the reduced dims, with their strides in g.
+struct unbroadcast_plan {
+  int kr = 0, rr = 0;
+  std::int64_t kext[max_rank]{}, kstr[max_rank]{}, rext[max_rank]{}, rstr[max_rank]{};
+  std::int64_t out_count = 1, red_count = 1;
+};
+
+// unbroadcast's kernels (axis-free functions, for nvcc: see haliax::detail::fill_raw).
+template <class T>
+void unbroadcast_rows(const T* pg, T* po, std::int64_t cols, std::int64_t rows) {
+      constexpr std::int64_t block = 512;
+      const std::int64_t nblocks = (cols + block - 1) / block;
+      Kokkos::parallel_for(
+          "haliax::unbroadcast_rows", Kokkos::RangePolicy<execution_space>(0, nblocks), KOKKOS_LAMBDA(std::int64_t b) {
+            HALIAX_CAPTURE(po);
+            const std::int64_t c0 = b * block;
+            const std::int64_t n = cols - c0 < block ? cols - c0 : block;
+            double acc[block];
+            for (std::int64_t j = 0; j < n; ++j) acc[j] = 0.0;
+            for (std::int64_t t = 0; t < rows; ++t) {
+              const T* row = pg + t * cols + c0;
+              for (std::int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(static_cast<compute_t<T>>(row[j]));
+            }
+            for (std::int64_t j = 0; j < n; ++j) {
+              if constexpr (std::is_same_v<T, bf16>) {
+                po[c0 + j] = bf16(static_cast<float>(acc[j]));
+              } else {
+                po[c0 + j] = static_cast<T>(acc[j]);
+              }
+            }
+          });
+}
+
+template <class T>
+void unbroadcast_general(const unbroadcast_plan& p, const T* pg, T* po) {
+    const unbroadcast_plan q = p;
+    Kokkos::parallel_for(
+        "haliax::unbroadcast", Kokkos::RangePolicy<execution_space>(0, q.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+          HALIAX_CAPTURE(po);
+          std::int64_t base = 0, rem = o;
+          for (int d = q.kr - 1; d >= 0; --d) {
+            base += (rem % q.kext[d]) * q.kstr[d];
+            rem /= q.kext[d];
+          }
+          double acc = 0;
+          for (std::int64_t t = 0; t < q.red_count; ++t) {
+            std::int64_t off = base, r2 = t;
+            for (int d = q.rr - 1; d >= 0; --d) {
+              off += (r2 % q.rext[d]) * q.rstr[d];
+              r2 /= q.rext[d];
+            }
+            acc += static_cast<double>(static_cast<compute_t<T>>(pg[off]));
+          }
+          if constexpr (std::is_same_v<T, bf16>) {
+            po[o] = bf16(static_cast<float>(acc));
+          } else {
+            po[o] = static_cast<T>(acc);
+          }
+        });
+}
+
 /// The gradient of an input whose axes `AxIn` (sizes `in_sizes`) broadcast to the output axes `AxOut`: sums
 /// `g` over the axes the input lacks and lays it out in the input's axis order. Sums in double, each output
 /// walking its inputs in order (deterministic).
@@ -316,11 +379,7 @@ named_array<T, AxIn> unbroadcast(const named_array<T, AxOut>& g, const std::arra
     using LI = to_list<AxIn>;
     auto r = named_array<T, AxIn>::allocate(in_sizes, "haliax::unbroadcast");
     auto gs = row_major_strides(g.sizes());
-    struct plan_t {
-      int kr = 0, rr = 0;
-      std::int64_t kext[max_rank]{}, kstr[max_rank]{}, rext[max_rank]{}, rstr[max_rank]{};
-      std::int64_t out_count = 1, red_count = 1;
-    } p;
+    unbroadcast_plan p;
     // kept dims: in the input's order, strides into g
     mp::mp_for_each<LI>([&]<class Tag>(Tag) {
       constexpr auto io = index_of_v<LO, Tag>;
@@ -347,52 +406,10 @@ named_array<T, AxIn> unbroadcast(const named_array<T, AxOut>& g, const std::arra
       if (p.kstr[d] != expect) suffix = false;
     }
     if (suffix) {
-      const std::int64_t cols = p.out_count, rows = p.red_count;
-      constexpr std::int64_t block = 512;
-      const std::int64_t nblocks = (cols + block - 1) / block;
-      Kokkos::parallel_for(
-          "haliax::unbroadcast_rows", Kokkos::RangePolicy<execution_space>(0, nblocks), KOKKOS_LAMBDA(std::int64_t b) {
-            const std::int64_t c0 = b * block;
-            const std::int64_t n = cols - c0 < block ? cols - c0 : block;
-            double acc[block];
-            for (std::int64_t j = 0; j < n; ++j) acc[j] = 0.0;
-            for (std::int64_t t = 0; t < rows; ++t) {
-              const T* row = pg + t * cols + c0;
-              for (std::int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(static_cast<compute_t<T>>(row[j]));
-            }
-            for (std::int64_t j = 0; j < n; ++j) {
-              if constexpr (std::is_same_v<T, bf16>) {
-                po[c0 + j] = bf16(static_cast<float>(acc[j]));
-              } else {
-                po[c0 + j] = static_cast<T>(acc[j]);
-              }
-            }
-          });
+      unbroadcast_rows<T>(pg, po, p.out_count, p.red_count);
       return r;
     }
-    const plan_t q = p;
-    Kokkos::parallel_for(
-        "haliax::unbroadcast", Kokkos::RangePolicy<execution_space>(0, q.out_count), KOKKOS_LAMBDA(std::int64_t o) {
-          std::int64_t base = 0, rem = o;
-          for (int d = q.kr - 1; d >= 0; --d) {
-            base += (rem % q.kext[d]) * q.kstr[d];
-            rem /= q.kext[d];
-          }
-          double acc = 0;
-          for (std::int64_t t = 0; t < q.red_count; ++t) {
-            std::int64_t off = base, r2 = t;
-            for (int d = q.rr - 1; d >= 0; --d) {
-              off += (r2 % q.rext[d]) * q.rstr[d];
-              r2 /= q.rext[d];
-            }
-            acc += static_cast<double>(static_cast<compute_t<T>>(pg[off]));
-          }
-          if constexpr (std::is_same_v<T, bf16>) {
-            po[o] = bf16(static_cast<float>(acc));
-          } else {
-            po[o] = static_cast<T>(acc);
-          }
-        });
+    unbroadcast_general<T>(p, pg, po);
     return r;
   }
 }

@@ -17,7 +17,15 @@
 #include "../bf16.hpp"
 #include "../precision.hpp"
 #include "gemm_bf16.hpp"
+#include "portable.hpp"
 #include "thread_pool.hpp"
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cublas_v2.h>
+
+#include <stdexcept>
+#include <string>
+#endif
 
 namespace haliax::detail {
 
@@ -178,6 +186,18 @@ inline bool host_gemm_batched_as_bf16(bool trans_a, bool trans_b, std::int64_t b
 }
 #endif
 
+/// One Kokkos Kernels GEMM per problem, in the arrays' memory space.
+template <class T>
+void kokkos_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                         std::int64_t k, const T* A, const T* B, T* C) {
+  for (std::int64_t i = 0; i < batch; ++i) {
+    unmanaged_matrix<const T> a(A + i * m * k, trans_a ? k : m, trans_a ? m : k);
+    unmanaged_matrix<const T> b(B + i * k * n, trans_b ? n : k, trans_b ? k : n);
+    unmanaged_matrix<T> c(C + i * m * n, m, n);
+    KokkosBlas::gemm(trans_a ? "T" : "N", trans_b ? "T" : "N", T(1), a, b, T(0), c);
+  }
+}
+
 /// Time spent in GEMM, for benchmarks that report how much of a step is matrix multiplication. Off unless
 /// `enabled` is set (then each call pays two clock reads).
 struct gemm_profile {
@@ -192,6 +212,52 @@ struct gemm_profile {
   }
 };
 
+#if defined(KOKKOS_ENABLE_CUDA)
+/// cuBLAS for device GEMMs: one handle per process on the default execution space's stream. Row-major
+/// C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. f32 products
+/// compute in f32 (CUBLAS_COMPUTE_32F: no TF32); under matmul_precision::bf16 the operands are rounded to
+/// bfloat16 on the tensor cores with f32 sums (CUBLAS_COMPUTE_32F_FAST_16BF). One strided-batched call per
+/// GEMM; cuBLAS's result for a given shape does not depend on anything but the shape and the GPU.
+inline cublasHandle_t cublas_handle() {
+  // Made on first use and kept for the process (destroying it at exit can outlive the CUDA context).
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error("haliax: cublasCreate failed (no usable GPU, or out of device memory)");
+    cublasSetStream(h, Kokkos::DefaultExecutionSpace().cuda_stream());
+    return h;
+  }();
+  return handle;
+}
+
+template <class T>
+void cuda_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                       const T* A, const T* B, T* C) {
+  const T one = 1, zero = 0;
+  const auto opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const auto opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const long long lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  cublasStatus_t st;
+  if constexpr (std::is_same_v<T, float>) {
+    const bool bf = current_matmul_precision() == matmul_precision::bf16;
+    st = cublasGemmStridedBatchedEx(cublas_handle(), opb, opa, static_cast<int>(n), static_cast<int>(m),
+                                    static_cast<int>(k), &one, B, CUDA_R_32F, static_cast<int>(ldb), k * n, A,
+                                    CUDA_R_32F, static_cast<int>(lda), m * k, &zero, C, CUDA_R_32F,
+                                    static_cast<int>(n), m * n, static_cast<int>(batch),
+                                    bf ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  } else {
+    st = cublasDgemmStridedBatched(cublas_handle(), opb, opa, static_cast<int>(n), static_cast<int>(m),
+                                   static_cast<int>(k), &one, B, static_cast<int>(ldb), k * n, A,
+                                   static_cast<int>(lda), m * k, &zero, C, static_cast<int>(n), m * n,
+                                   static_cast<int>(batch));
+  }
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error("haliax::dot: cuBLAS GEMM failed (status " + std::to_string(static_cast<int>(st)) +
+                             ") for " + std::to_string(batch) + " x [" + std::to_string(m) + " x " +
+                             std::to_string(k) + "] x [" + std::to_string(k) + " x " + std::to_string(n) + "]");
+}
+#endif
+
 /// C = op(A) * op(B) with beta = 0 for `batch` problems stored one after another. A is m x k (k x m when
 /// trans_a), B is k x n (n x k when trans_b), all row-major and densely packed.
 template <class T>
@@ -205,7 +271,15 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
     return;
   }
   constexpr bool host = std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
-  if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>)&&host) {
+  constexpr bool real = std::is_same_v<T, float> || std::is_same_v<T, double>;
+  if (real && host && !use_host_kernels()) {
+    // The portable path on host memory (HALIAX_PORTABLE_KERNELS=1): Kokkos Kernels' GEMM per problem, as a
+    // device build without cuBLAS does; BLAS single-threaded so the result does not depend on the thread count.
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    if constexpr (real) kokkos_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+    return;
+  }
+  if constexpr (real && host) {
     auto run = [&] {
 #if defined(HALIAX_HAVE_ONEDNN)
       if constexpr (std::is_same_v<T, float>) {
@@ -226,14 +300,14 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
       return;
     }
     run();
-  } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    // Device memory: one Kokkos Kernels GEMM (cuBLAS with a CUDA Kokkos) per problem.
-    for (std::int64_t i = 0; i < batch; ++i) {
-      unmanaged_matrix<const T> a(A + i * m * k, trans_a ? k : m, trans_a ? m : k);
-      unmanaged_matrix<const T> b(B + i * k * n, trans_b ? n : k, trans_b ? k : n);
-      unmanaged_matrix<T> c(C + i * m * n, m, n);
-      KokkosBlas::gemm(trans_a ? "T" : "N", trans_b ? "T" : "N", T(1), a, b, T(0), c);
-    }
+  } else if constexpr (real) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    // Device memory on CUDA: one strided-batched cuBLAS call.
+    cuda_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+#else
+    // Other device memory: one Kokkos Kernels GEMM per problem.
+    kokkos_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+#endif
   } else if constexpr (std::is_same_v<T, bf16>) {
     // No bf16 GEMM in Kokkos Kernels: widen every problem to float (exact), multiply, round to nearest even.
     using fview = Kokkos::View<float*, Kokkos::DefaultExecutionSpace::memory_space>;

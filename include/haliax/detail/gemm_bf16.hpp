@@ -235,6 +235,11 @@ namespace haliax {
 /// Whether `matmul_precision::bf16` runs bfloat16 GEMMs here (oneDNN built in, a CPU with AVX512_BF16 or AMX-BF16
 /// that oneDNN may use, and a bfloat16 kernel that is not oneDNN's reference loop).
 inline bool bf16_matmul_available() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  // Arrays in CUDA memory: cuBLAS's bfloat16 tensor-core path (gemm.hpp), on every GPU Kokkos runs on.
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible)
+    return true;
+#endif
 #if defined(HALIAX_HAVE_ONEDNN)
   return detail::onednn::context::get().available;
 #else
@@ -245,6 +250,10 @@ inline bool bf16_matmul_available() {
 /// What runs a bfloat16 product here, for notes and benchmark logs ("oneDNN 2.6.3 (brg:avx512_core_bf16)"), or why
 /// nothing does.
 inline std::string bf16_matmul_backend() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible)
+    return "cuBLAS (CUBLAS_COMPUTE_32F_FAST_16BF: bfloat16 operands on the tensor cores, f32 sums)";
+#endif
 #if defined(HALIAX_HAVE_ONEDNN)
   return detail::onednn::context::get().backend;
 #else

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 
+#include "portable.hpp"
 #include "thread_pool.hpp"
 
 namespace haliax::detail {
@@ -67,7 +68,10 @@ nd_plan<NOps> make_plan(int rank, const std::int64_t* extent, const std::int64_t
   return p;
 }
 
-inline constexpr std::int64_t chunk = 4096;
+/// Innermost elements per work item: runs of 4096 on the host (one item streams through its run), one on a
+/// device (consecutive threads take consecutive elements, so their accesses coalesce). Elementwise results do
+/// not depend on it.
+inline constexpr std::int64_t chunk = host_memory ? 4096 : 1;
 
 /// Calls `f(off_0, ..., off_{NOps-1}, n, inner_strides)` style work: for every element of the plan's index
 /// space, `body(offsets)` where offsets[o] is operand o's element offset. Work is split into the outer

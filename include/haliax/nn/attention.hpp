@@ -19,8 +19,12 @@
 // `flash_attention` computes the same function block by block with an online softmax (running max and sum per
 // query row) and records one autodiff node with its own backward, which recomputes the score tiles from q, k
 // and the saved per-row log-sum-exp (FlashAttention-2 style). It supports the structured masks: causal (with
-// start offsets), sliding window and segment ids. It runs on the host (OpenBLAS tiles on the haliax thread
-// pool); every task writes its own outputs, so results do not depend on the thread count.
+// start offsets), sliding window and segment ids. On host memory it runs host kernels (OpenBLAS tiles on the
+// haliax thread pool); every task writes its own outputs, so results do not depend on the thread count. A device
+// build (and a host build under HALIAX_PORTABLE_KERNELS=1, haliax/detail/portable.hpp) runs portable Kokkos
+// kernels instead: one work item per query row (forward, dQ) or key row (dK, dV), each summing over its visible
+// partners in index order; they agree with the host kernels to rounding and do not depend on the thread count
+// either.
 //
 // Grouped-query attention (GQA; MQA when there is one key/value head). k and v may lack some of q's batch
 // axes: those q-only axes are query groups that share one key/value head, as Llama's layout
@@ -52,6 +56,8 @@
 #include "../detail/ad.hpp"
 #include "../detail/axis_algebra.hpp"
 #include "../detail/gemm.hpp"
+#include "../detail/math.hpp"
+#include "../detail/portable.hpp"
 #include "../detail/profile.hpp"
 #include "../detail/thread_pool.hpp"
 #include "../ops/dot.hpp"
@@ -83,8 +89,8 @@ inline constexpr std::size_t only_in_v = mp::mp_size<minus<list_of<AxA>, list_of
 
 /// A [QPos, KPos] bool array with element (i, j) = allowed(i, j).
 template <class QP, class KP, class F>
-named_array<bool, axes<QP{}, KP{}>> position_mask(const char* label, std::int64_t nq, std::int64_t nk, F allowed) {
-  auto m = named_array<bool, axes<QP{}, KP{}>>::allocate({nq, nk}, label);
+array_for<bool, sized_axis<QP>, sized_axis<KP>> position_mask(const char* label, std::int64_t nq, std::int64_t nk, F allowed) {
+  auto m = array_for<bool, sized_axis<QP>, sized_axis<KP>>::allocate({nq, nk}, label);
   bool* p = m.data();
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<execution_space>(0, nq * nk), KOKKOS_LAMBDA(std::int64_t idx) {
@@ -101,7 +107,7 @@ named_array<bool, axes<QP{}, KP{}>> position_mask(const char* label, std::int64_
 ///   auto m = causal_mask(4 * Pos, 4 * KPos);          // lower triangle (diagonal included)
 ///   auto d = causal_mask(1 * Pos, 8 * KPos, 7);       // decoding step 7: sees keys 0..7
 template <AxisTag QP, AxisTag KP>
-requires(!std::is_same_v<QP, KP>) named_array<bool, axes<QP{}, KP{}>> causal_mask(sized_axis<QP> qpos,
+requires(!std::is_same_v<QP, KP>) array_for<bool, sized_axis<QP>, sized_axis<KP>> causal_mask(sized_axis<QP> qpos,
                                                                                   sized_axis<KP> kpos,
                                                                                   std::int64_t q_start = 0,
                                                                                   std::int64_t k_start = 0) {
@@ -116,7 +122,7 @@ requires(!std::is_same_v<QP, KP>) named_array<bool, axes<QP{}, KP{}>> causal_mas
 /// before it, as Mistral's `sliding_window`). Throws `std::invalid_argument` if `window` < 1.
 ///   auto m = sliding_window_mask(6 * Pos, 6 * KPos, 2);   // row i: keys i-1 and i
 template <AxisTag QP, AxisTag KP>
-requires(!std::is_same_v<QP, KP>) named_array<bool, axes<QP{}, KP{}>> sliding_window_mask(
+requires(!std::is_same_v<QP, KP>) array_for<bool, sized_axis<QP>, sized_axis<KP>> sliding_window_mask(
     sized_axis<QP> qpos, sized_axis<KP> kpos, std::int64_t window, std::int64_t q_start = 0, std::int64_t k_start = 0) {
   if (window < 1)
     throw std::invalid_argument("haliax::nn::sliding_window_mask: window must be at least 1, got " +
@@ -288,8 +294,8 @@ auto dot_product_attention(const named_array<T, AxQ>& q, const named_array<T, Ax
 /// Options of `flash_attention`. The mask is structural: causal (key position <= query position, with the
 /// absolute positions `q_start + i` and `k_start + j`), optionally a sliding window (key position in
 /// (q - window, q]; 0 = no window) and, through the overload that takes them, segment ids. `scale` defaults
-/// to 1 / sqrt(size of Key). `block_q` x `block_k` is the tile size; results depend on it (summation order)
-/// but never on the thread count.
+/// to 1 / sqrt(size of Key). `block_q` x `block_k` is the tile size of the host kernels; results depend on it
+/// (summation order) but never on the thread count. The portable kernels do not tile (and ignore it).
 struct flash_attention_options {
   bool causal = true;
   std::int64_t sliding_window = 0;
@@ -815,6 +821,276 @@ void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o,
 }
 #undef HALIAX_ATTN_DISPATCH
 
+// ---- portable kernels: Kokkos kernels in the arrays' memory space (what a device build runs) ----------------
+//
+// The same function as `forward` and `backward`, written as Kokkos kernels that touch only the arrays' memory
+// space: one team member per query row (forward, dQ) or key row (dK, dV), walking its visible partners in index
+// order, its vector lanes splitting the head dimension (dot products are vector-level reductions over
+// `portable_lanes` lanes, a constant of the build: lane l sums the columns l, l + lanes, ... in order, then the
+// lane sums combine in the backend's fixed pattern). So every output's sums have one fixed order: no atomics,
+// nothing depends on the thread count. On host backends (one lane) every sum runs in index order. The tiling of
+// the host kernels is not reproduced: results agree with them to rounding, not bitwise. Segment ids are read
+// per element inside the kernels (never on the host).
+
+/// The per-batch-element offsets of an operand (`operand_layout::off`), copied into the arrays' memory space.
+using offset_table = Kokkos::View<std::int64_t*, memory_space>;
+
+inline offset_table device_offsets(const std::vector<std::int64_t>& off, const char* label) {
+  offset_table d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), off.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < off.size(); ++i) h(i) = off[i];
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+/// The positional mask by value, for kernels: query row i sees keys [key_lo(i), key_hi(i)); key j is seen by
+/// query rows [row_lo(j), row_hi(j)) (causal: j <= i + offset; window w > 0: j > i + offset - w).
+struct portable_mask {
+  std::int64_t nq = 0, nk = 0, offset = 0, window = 0;
+  bool causal = true;
+
+  KOKKOS_INLINE_FUNCTION static std::int64_t clamp(std::int64_t x, std::int64_t lo, std::int64_t hi) {
+    return x < lo ? lo : x > hi ? hi : x;
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t key_lo(std::int64_t i) const {
+    return window > 0 ? clamp(i + offset - window + 1, 0, nk) : 0;
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t key_hi(std::int64_t i) const {
+    return causal ? clamp(i + offset + 1, 0, nk) : nk;
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t row_lo(std::int64_t j) const { return causal ? clamp(j - offset, 0, nq) : 0; }
+  KOKKOS_INLINE_FUNCTION std::int64_t row_hi(std::int64_t j) const {
+    return window > 0 ? clamp(j - offset + window, 0, nq) : nq;
+  }
+};
+
+inline portable_mask mask_of(const geometry& g) {
+  portable_mask m;
+  m.nq = g.nq;
+  m.nk = g.nk;
+  m.offset = g.offset;
+  m.window = g.window;
+  m.causal = g.causal;
+  return m;
+}
+
+using portable_policy = Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>;
+using portable_team_policy = Kokkos::TeamPolicy<execution_space>;
+using portable_member = portable_team_policy::member_type;
+
+/// Vector lanes per row (a warp on a GPU, one on the host) and rows per team: constants of the build, so
+/// that no summation order depends on the thread count.
+inline constexpr int portable_lanes = haliax::detail::host_memory ? 1 : 32;
+inline constexpr int portable_rows_per_team = haliax::detail::host_memory ? 1 : 4;
+
+/// A team policy with one team member (of `portable_lanes` lanes) per row, for `rows` rows.
+inline portable_team_policy row_policy(std::int64_t rows) {
+  const std::int64_t teams = (rows + portable_rows_per_team - 1) / portable_rows_per_team;
+  return portable_team_policy(static_cast<int>(teams), portable_rows_per_team, portable_lanes);
+}
+
+/// The row a team member owns under `row_policy`.
+KOKKOS_INLINE_FUNCTION std::int64_t row_of(const portable_member& t) {
+  return static_cast<std::int64_t>(t.league_rank()) * portable_rows_per_team + t.team_rank();
+}
+
+/// sum_c a[c] b[c] over the member's vector lanes (each lane in index order, then the lanes' fixed pattern);
+/// every lane gets the sum.
+template <class T>
+KOKKOS_INLINE_FUNCTION T lane_dot(const portable_member& t, const T* a, const T* b, std::int64_t n) {
+  T r = T(0);
+  Kokkos::parallel_reduce(
+      Kokkos::ThreadVectorRange(t, n), [&](const std::int64_t c, T& acc) { acc += a[c] * b[c]; }, r);
+  return r;
+}
+
+/// y[c] = alpha y[c] + beta x[c] over the member's vector lanes.
+template <class T>
+KOKKOS_INLINE_FUNCTION void lane_axpby(const portable_member& t, T* y, T alpha, const T* x, T beta, std::int64_t n) {
+  Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n), [&](const std::int64_t c) { y[c] = alpha * y[c] + beta * x[c]; });
+}
+
+/// y[c] += beta x[c] over the member's vector lanes.
+template <class T>
+KOKKOS_INLINE_FUNCTION void lane_axpy(const portable_member& t, T* y, const T* x, T beta, std::int64_t n) {
+  Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n), [&](const std::int64_t c) { y[c] += beta * x[c]; });
+}
+
+/// y[c] = alpha y[c] over the member's vector lanes (alpha 0: y = 0).
+template <class T>
+KOKKOS_INLINE_FUNCTION void lane_scale(const portable_member& t, T* y, T alpha, std::int64_t n) {
+  Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n),
+                       [&](const std::int64_t c) { y[c] = alpha == T(0) ? T(0) : alpha * y[c]; });
+}
+
+/// Sets n elements at p (arrays' memory) to zero.
+template <class T>
+void fill_zero_portable(T* p, std::int64_t n) {
+  Kokkos::parallel_for(
+      "haliax::nn::flash_attention(zero)", portable_policy(0, n), KOKKOS_LAMBDA(const std::int64_t i) { p[i] = T(0); });
+}
+
+/// The forward pass of the portable path: o and lse from q, k, v, as `forward`. One team member per (q element
+/// b, query row i): an online softmax over the visible keys in order (running max m and sum l, the output row
+/// accumulated in place and rescaled when m grows), then o /= l and lse = m + log(l); a row that sees no key
+/// gives o = 0 and lse = -inf.
+template <class T>
+void forward_portable(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale) {
+  haliax::detail::profile::region prof([] { return std::string("flash_attention forward"); },
+                                       2.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
+  const offset_table qt = device_offsets(g.ql.off, "haliax::nn::flash_attention(q offsets)");
+  const offset_table kt = device_offsets(g.kl.off, "haliax::nn::flash_attention(k offsets)");
+  const offset_table vt = device_offsets(g.vl.off, "haliax::nn::flash_attention(v offsets)");
+  const offset_table ot = device_offsets(g.ol.off, "haliax::nn::flash_attention(o offsets)");
+  const std::int64_t* qoff = qt.data();
+  const std::int64_t* koff = kt.data();
+  const std::int64_t* voff = vt.data();
+  const std::int64_t* ooff = ot.data();
+  const std::int64_t qld = g.ql.ld, kld = g.kl.ld, vld = g.vl.ld, old = g.ol.ld;
+  const std::int64_t nq = g.nq, nk = g.nk, d = g.d, e = g.e, q_per_kv = g.q_per_kv, rows = g.batch * g.nq;
+  const std::int32_t* qseg = g.qseg;
+  const std::int32_t* kseg = g.kseg;
+  const portable_mask mask = mask_of(g);
+  const T ninf = -std::numeric_limits<T>::infinity();
+  Kokkos::parallel_for(
+      "haliax::nn::flash_attention(forward)", row_policy(rows), KOKKOS_LAMBDA(const portable_member& t) {
+        namespace math = haliax::detail::math;
+        const std::int64_t idx = row_of(t);
+        if (idx >= rows) return;
+        const std::int64_t b = idx / nq, i = idx - b * nq, kb = b / q_per_kv;
+        const T* qi = q + qoff[b] + i * qld;
+        const T* kb0 = k + koff[kb];
+        const T* vb0 = v + voff[kb];
+        T* oi = o + ooff[b] + i * old;
+        lane_scale<T>(t, oi, T(0), e);
+        const std::int32_t id = qseg != nullptr ? qseg[idx] : 0;
+        T m = ninf, l = T(0);
+        const std::int64_t hi = mask.key_hi(i);
+        for (std::int64_t j = mask.key_lo(i); j < hi; ++j) {
+          if (qseg != nullptr && kseg[b * nk + j] != id) continue;
+          const T* vj = vb0 + j * vld;
+          const T s = lane_dot<T>(t, qi, kb0 + j * kld, d) * scale;
+          if (s > m) {  // new running max: rescale what is there (alpha = 0 for the first visible key)
+            const T alpha = math::exp(m - s);
+            lane_axpby<T>(t, oi, alpha, vj, T(1), e);
+            l = l * alpha + T(1);
+            m = s;
+          } else {
+            const T p = math::exp(s - m);
+            lane_axpy<T>(t, oi, vj, p, e);
+            l += p;
+          }
+        }
+        if (l > T(0)) {
+          lane_scale<T>(t, oi, T(1) / l, e);
+          Kokkos::single(Kokkos::PerThread(t), [&] { lse[idx] = m + math::log(l); });
+        } else {
+          Kokkos::single(Kokkos::PerThread(t), [&] { lse[idx] = ninf; });
+        }
+      });
+  Kokkos::fence();  // the offset tables are freed on return
+}
+
+/// The backward pass of the portable path, as `backward`: delta_i = sum(dO_i * O_i) (in double, in order),
+/// then one team member per (q element, query row) for dQ_i = scale sum_j dS_ij K_j and one per (key/value
+/// element, key row) for dK_j = scale sum_{h, i} dS_ij Q_i and dV_j = sum_{h, i} P_ij dO_i over the element's
+/// query groups h in order and their visible rows i in order, with P = exp(S - lse), dP = dO_i . V_j and
+/// dS = P (dP - delta_i). Scores and probabilities are recomputed in both kernels. Writes every element of dq,
+/// dk and dv.
+template <class T>
+void backward_portable(const geometry& g, const T* q, const T* k, const T* v, const T* o, const T* lse,
+                       const T* dout, T scale, T* dq, T* dk, T* dv) {
+  haliax::detail::profile::region prof([] { return std::string("flash_attention backward"); },
+                                       5.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
+  const offset_table qt = device_offsets(g.ql.off, "haliax::nn::flash_attention(q offsets)");
+  const offset_table kt = device_offsets(g.kl.off, "haliax::nn::flash_attention(k offsets)");
+  const offset_table vt = device_offsets(g.vl.off, "haliax::nn::flash_attention(v offsets)");
+  const offset_table ot = device_offsets(g.ol.off, "haliax::nn::flash_attention(o offsets)");
+  const std::int64_t* qoff = qt.data();
+  const std::int64_t* koff = kt.data();
+  const std::int64_t* voff = vt.data();
+  const std::int64_t* ooff = ot.data();
+  const std::int64_t qld = g.ql.ld, kld = g.kl.ld, vld = g.vl.ld, old = g.ol.ld;
+  const std::int64_t nq = g.nq, nk = g.nk, d = g.d, e = g.e, q_per_kv = g.q_per_kv;
+  const std::int64_t qrows = g.batch * g.nq, krows = g.kv_batch * g.nk;
+  const std::int32_t* qseg = g.qseg;
+  const std::int32_t* kseg = g.kseg;
+  const portable_mask mask = mask_of(g);
+  const T ninf = -std::numeric_limits<T>::infinity();
+
+  Kokkos::View<T*, memory_space> delta_view(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("haliax::nn::flash_attention(delta)")), qrows);
+  T* delta = delta_view.data();
+  Kokkos::parallel_for(
+      "haliax::nn::flash_attention(delta)", portable_policy(0, qrows), KOKKOS_LAMBDA(const std::int64_t idx) {
+        const std::int64_t b = idx / nq, i = idx - b * nq;
+        const T* dr = dout + ooff[b] + i * old;
+        const T* orow = o + ooff[b] + i * old;
+        double acc = 0;
+        for (std::int64_t c = 0; c < e; ++c) acc += static_cast<double>(dr[c]) * static_cast<double>(orow[c]);
+        delta[idx] = static_cast<T>(acc);
+      });
+
+  Kokkos::parallel_for(
+      "haliax::nn::flash_attention(dq)", row_policy(qrows), KOKKOS_LAMBDA(const portable_member& t) {
+        namespace math = haliax::detail::math;
+        const std::int64_t idx = row_of(t);
+        if (idx >= qrows) return;
+        const std::int64_t b = idx / nq, i = idx - b * nq, kb = b / q_per_kv;
+        T* dqi = dq + qoff[b] + i * qld;
+        lane_scale<T>(t, dqi, T(0), d);
+        const T li = lse[idx];
+        if (li == ninf) return;  // sees no key
+        const T* qi = q + qoff[b] + i * qld;
+        const T* doi = dout + ooff[b] + i * old;
+        const T* kb0 = k + koff[kb];
+        const T* vb0 = v + voff[kb];
+        const T di = delta[idx];
+        const std::int32_t id = qseg != nullptr ? qseg[idx] : 0;
+        const std::int64_t hi = mask.key_hi(i);
+        for (std::int64_t j = mask.key_lo(i); j < hi; ++j) {
+          if (qseg != nullptr && kseg[b * nk + j] != id) continue;
+          const T* kj = kb0 + j * kld;
+          const T p = math::exp(lane_dot<T>(t, qi, kj, d) * scale - li);
+          const T ds = p * (lane_dot<T>(t, doi, vb0 + j * vld, e) - di);
+          lane_axpy<T>(t, dqi, kj, ds, d);
+        }
+        lane_scale<T>(t, dqi, scale, d);
+      });
+
+  Kokkos::parallel_for(
+      "haliax::nn::flash_attention(dk dv)", row_policy(krows), KOKKOS_LAMBDA(const portable_member& t) {
+        namespace math = haliax::detail::math;
+        const std::int64_t idx = row_of(t);
+        if (idx >= krows) return;
+        const std::int64_t kb = idx / nk, j = idx - kb * nk;
+        T* dkj = dk + koff[kb] + j * kld;
+        T* dvj = dv + voff[kb] + j * vld;
+        lane_scale<T>(t, dkj, T(0), d);
+        lane_scale<T>(t, dvj, T(0), e);
+        const T* kj = k + koff[kb] + j * kld;
+        const T* vj = v + voff[kb] + j * vld;
+        const std::int64_t lo = mask.row_lo(j), hi = mask.row_hi(j);
+        for (std::int64_t h = 0; h < q_per_kv; ++h) {
+          const std::int64_t b = kb * q_per_kv + h;
+          const std::int32_t id = qseg != nullptr ? kseg[b * nk + j] : 0;
+          for (std::int64_t i = lo; i < hi; ++i) {
+            if (qseg != nullptr && qseg[b * nq + i] != id) continue;
+            const T li = lse[b * nq + i];
+            if (li == ninf) continue;
+            const T* qi = q + qoff[b] + i * qld;
+            const T* doi = dout + ooff[b] + i * old;
+            const T p = math::exp(lane_dot<T>(t, qi, kj, d) * scale - li);
+            const T ds = p * (lane_dot<T>(t, doi, vj, e) - delta[b * nq + i]);
+            lane_axpy<T>(t, dvj, doi, p, e);
+            lane_axpy<T>(t, dkj, qi, ds, d);
+          }
+        }
+        lane_scale<T>(t, dkj, scale, d);
+      });
+  Kokkos::fence();  // the offset tables and delta are freed on return
+}
+
 /// Segment ids (axes a subset of batch + position, with the position) packed into [batch..., pos].
 template <class Packed, class Ax>
 named_array<std::int32_t, axes_of<Packed>> pack_ids(const char* label, const named_array<std::int32_t, Ax>& ids,
@@ -829,8 +1105,6 @@ template <class T, class AxQ, class AxK, class AxV, class P, class KP, class K, 
 auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const named_array<T, AxV>& v,
            const flash_attention_options& opts, const named_array<std::int32_t, AxQS>* q_ids,
            const named_array<std::int32_t, AxKS>* k_ids) {
-  static_assert(std::is_same_v<memory_space, Kokkos::HostSpace>,
-                "haliax::nn::flash_attention: runs on the host only; use dot_product_attention on a device build");
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "haliax::nn::flash_attention: float or double arrays only (convert bf16 with astype)");
   using A = flash_axes<AxQ, AxK, AxV, P, KP, K>;
@@ -915,11 +1189,20 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
     ksp = pack_ids<KSP>(label, *k_ids, ks);
     g.qseg = qsp.data();
     g.kseg = ksp.data();
-    g.summarise_segments();
+    // The host kernels skip tiles by per-block id ranges, read on the host; the portable ones test ids per
+    // element on the device.
+    if (haliax::detail::use_host_kernels()) g.summarise_segments();
   }
   auto lse = named_array<T, axes_of<QSP>>::allocate(qs, "haliax::nn::flash_attention(lse)");
   const T scale = static_cast<T>(opts.scale ? *opts.scale : 1.0 / std::sqrt(static_cast<double>(g.d)));
-  if (out.element_count() > 0) forward<T>(g, qk.data(), kk.data(), vk.data(), out.data(), lse.data(), scale);
+  if (out.element_count() > 0) {
+    if (haliax::detail::use_host_kernels()) {
+      if constexpr (haliax::detail::host_memory)
+        forward<T>(g, qk.data(), kk.data(), vk.data(), out.data(), lse.data(), scale);
+    } else {
+      forward_portable<T>(g, qk.data(), kk.data(), vk.data(), out.data(), lse.data(), scale);
+    }
+  }
 
   if (haliax::detail::ad::any_tracked(q, k, v)) {
     haliax::detail::ad::record(
@@ -931,13 +1214,32 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
           auto dqk = named_array<T, QL>::allocate(qk.sizes(), "haliax::nn::flash_attention(dq)");
           auto dkk = named_array<T, KL>::allocate(kk.sizes(), "haliax::nn::flash_attention(dk)");
           auto dvk = named_array<T, VL>::allocate(vk.sizes(), "haliax::nn::flash_attention(dv)");
-          if (o.element_count() > 0) {
-            backward<T>(g, qk.data(), kk.data(), vk.data(), o.data(), lse.data(), grad.data(), scale, dqk.data(),
-                        dqk.element_count(), dkk.data(), dkk.element_count(), dvk.data(), dvk.element_count());
-          } else {
-            std::fill(dqk.data(), dqk.data() + dqk.element_count(), T(0));
-            std::fill(dkk.data(), dkk.data() + dkk.element_count(), T(0));
-            std::fill(dvk.data(), dvk.data() + dvk.element_count(), T(0));
+          if (!haliax::detail::use_host_kernels()) {
+            if (o.element_count() > 0) {
+              backward_portable<T>(g, qk.data(), kk.data(), vk.data(), o.data(), lse.data(), grad.data(), scale,
+                                   dqk.data(), dkk.data(), dvk.data());
+            } else {
+              fill_zero_portable<T>(dqk.data(), dqk.element_count());
+              fill_zero_portable<T>(dkk.data(), dkk.element_count());
+              fill_zero_portable<T>(dvk.data(), dvk.element_count());
+            }
+          } else if constexpr (haliax::detail::host_memory) {
+            if (o.element_count() > 0) {
+              // If the forward ran the portable kernels (a scope changed in between), it skipped the segment
+              // summaries that the host kernels need.
+              std::optional<geometry> summarised;
+              if (g.qseg != nullptr && g.qseg_lo.empty()) {
+                summarised.emplace(g);
+                summarised->summarise_segments();
+              }
+              backward<T>(summarised ? *summarised : g, qk.data(), kk.data(), vk.data(), o.data(), lse.data(),
+                          grad.data(), scale, dqk.data(), dqk.element_count(), dkk.data(), dkk.element_count(),
+                          dvk.data(), dvk.element_count());
+            } else {
+              std::fill(dqk.data(), dqk.data() + dqk.element_count(), T(0));
+              std::fill(dkk.data(), dkk.data() + dkk.element_count(), T(0));
+              std::fill(dvk.data(), dvk.data() + dvk.element_count(), T(0));
+            }
           }
           return std::tuple{haliax::detail::as_layout<list_of<AxQ>>(dqk), haliax::detail::as_layout<list_of<AxK>>(dkk),
                             haliax::detail::as_layout<list_of<AxV>>(dvk)};
@@ -978,13 +1280,14 @@ concept FlashSegmentAxes = detail::attn::has_v<detail::attn::list_of<AxS>, Pos> 
                             detail::attn::mp::mp_list<std::remove_cvref_t<P>, std::remove_cvref_t<K>>>,
         std::remove_cvref_t<Pos>>>;
 
-/// Blocked causal attention (FlashAttention-2 on the host): the same function as `dot_product_attention` with
+/// Blocked causal attention (FlashAttention-2): the same function as `dot_product_attention` with
 /// the mask `causal_mask(Pos, KPos, q_start, k_start)` (and `sliding_window_mask` when `opts.sliding_window`
 /// > 0; no mask when `opts.causal` is false and there is no window), computed tile by tile with an online
 /// softmax so that no [Pos, KPos] score matrix exists: memory is the output plus one log-sum-exp per query.
 /// Tiles wholly masked out are skipped (about half the work for causal attention). Its gradient is one node
 /// with a hand-written backward that recomputes score tiles. Result axes as `dot_product_attention`'s. A
-/// query that sees no key gives zeros (the plain version averages the values there). Host only, float/double.
+/// query that sees no key gives zeros (the plain version averages the values there). float/double; host kernels
+/// on host memory, portable Kokkos kernels on a device build (or under HALIAX_PORTABLE_KERNELS=1).
 /// Grouped-query attention: k and v may lack some of q's batch axes (see `FlashAttentionAxes`); every query
 /// group then reads the one shared key/value head, which is never copied per group.
 ///   auto y = flash_attention(q, k, v, Pos, KPos, Key);                          // causal

@@ -1553,7 +1553,7 @@ void elementwise_pooled(const char* label, const T* a, const T* b, T* out, std::
   namespace hd = haliax::detail;
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, execution_space::memory_space>::accessible;
   if constexpr (host) {
-    if (n >= pooled_activation_min && hd::thread_pool::instance().size() > 1) {
+    if (n >= pooled_activation_min && hd::thread_pool::instance().size() > 1 && hd::use_host_kernels()) {
       hd::profile::region prof([label] { return std::string(label); }, 0.0);
       constexpr std::int64_t chunk = 16384;
       hd::thread_pool::instance().run((n + chunk - 1) / chunk, [&](std::int64_t c) {
@@ -1570,6 +1570,7 @@ void elementwise_pooled(const char* label, const T* a, const T* b, T* out, std::
   }
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        HALIAX_CAPTURE(a, b, out, op);
         if constexpr (Binary)
           hd::store(out, i, op(hd::load(a, i), hd::load(b, i)));
         else
@@ -1714,6 +1715,20 @@ named_array<T, Axes> standardize(const named_array<T, Axes>& x, A axis, double e
 // ---------------------------------------------------------------------------------------------------------
 // one_hot
 
+namespace detail {
+/// one_hot's rows (an axis-free function, for nvcc: see haliax::detail::fill_raw).
+template <class R>
+void one_hot_kernel(const std::int32_t* in, R* out, std::int64_t n, std::int64_t nc, compute_t<R> von,
+                    compute_t<R> voff) {
+  Kokkos::parallel_for(
+      "haliax::nn::one_hot", Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t e) {
+        const std::int64_t label = in[e];
+        R* row = out + e * nc;
+        for (std::int64_t c = 0; c < nc; ++c) st(row, c, c == label ? von : voff);
+      });
+}
+}  // namespace detail
+
 /// One-hot encoding (upstream `haliax.nn.one_hot(x, class_axis)`): for integer labels `x` the result has x's
 /// axes followed by `class_axis` last, `on` where the class equals the label and `off` elsewhere. A label
 /// outside [0, size) (including negative) gives a row of all `off`. `R` is the element type (default float).
@@ -1732,12 +1747,7 @@ named_array<R, detail::with_last_t<Axes, C>> one_hot(const named_array<std::int3
   const std::int64_t nc = class_axis.size;
   const compute_t<R> von = static_cast<compute_t<R>>(on), voff = static_cast<compute_t<R>>(off);
   if (nc == 0) return r;
-  Kokkos::parallel_for(
-      "haliax::nn::one_hot", Kokkos::RangePolicy<execution_space>(0, x.element_count()), KOKKOS_LAMBDA(std::int64_t e) {
-        const std::int64_t label = in[e];
-        R* row = out + e * nc;
-        for (std::int64_t c = 0; c < nc; ++c) detail::st(row, c, c == label ? von : voff);
-      });
+  detail::one_hot_kernel<R>(in, out, x.element_count(), nc, von, voff);
   return r;
 }
 
@@ -1746,7 +1756,7 @@ named_array<R, detail::with_last_t<Axes, C>> one_hot(const named_array<std::int3
 ///   auto v = haliax::nn::one_hot(3, 10 * Label);   // float {label}
 ///   // v = [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
 template <FloatElement R = float, std::integral I, AxisTag C>
-named_array<R, axes<C{}>> one_hot(I label, sized_axis<C> class_axis, double on = 1.0, double off = 0.0) {
+array_for<R, sized_axis<C>> one_hot(I label, sized_axis<C> class_axis, double on = 1.0, double off = 0.0) {
   auto idx = scalar<std::int32_t>(std::in_range<std::int32_t>(label) ? static_cast<std::int32_t>(label) : -1);
   return one_hot<R>(idx, class_axis, on, off);
 }
@@ -1912,6 +1922,44 @@ named_array<T, Axes> selu(const named_array<T, Axes>& x) {
 /// Re-exported so that model code can write every activation as `nn::...`.
 using haliax::tanh;
 
+namespace detail {
+/// glu's forward: out = a * sigmoid(b) for the two halves a, b of the split axis.
+template <class T>
+void glu_kernel(const T* in, T* out, std::int64_t outer, std::int64_t h, std::int64_t inner) {
+  using V = compute_t<T>;
+  Kokkos::parallel_for(
+      "haliax::nn::glu", Kokkos::RangePolicy<execution_space>(0, outer * h), KOKKOS_LAMBDA(std::int64_t w) {
+        const std::int64_t o = w / h, j = w - o * h;
+        const T* a = in + (o * 2 * h + j) * inner;
+        const T* b = a + h * inner;
+        T* q = out + w * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          const V av = ld(a, i);
+          st(q, i, av * sigmoid_v(ld(b, i)));
+        }
+      });
+}
+
+/// glu's gradient: for each (outer, j) the gradient into both halves (a named function: nvcc does not allow a
+/// device lambda inside the generic lambda that records the backward).
+template <class T>
+void glu_grad_kernel(const T* in, const T* pg, T* out, std::int64_t outer, std::int64_t h, std::int64_t inner) {
+  using V = compute_t<T>;
+  Kokkos::parallel_for(
+      "haliax::nn::glu_grad", Kokkos::RangePolicy<execution_space>(0, outer * h), KOKKOS_LAMBDA(std::int64_t w) {
+        const std::int64_t o = w / h, j = w - o * h;
+        const std::int64_t ia = (o * 2 * h + j) * inner, ib = ia + h * inner;
+        const T* gq = pg + w * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          const V gv = ld(gq, i), av = ld(in + ia, i);
+          const V s = sigmoid_v(ld(in + ib, i));
+          st(out + ia, i, gv * s);
+          st(out + ib, i, gv * av * s * (V(1) - s));
+        }
+      });
+}
+}  // namespace detail
+
 /// Gated linear unit along `axis` (upstream `glu(x, axis)`): splits `axis` into a first half a and a second
 /// half b and returns a * sigmoid(b). The result keeps every axis, with `axis` at half its size; an odd
 /// size throws `shape_error`. Gradient: g * sigmoid(b) to a and g * a * sigmoid(b) * (1 - sigmoid(b)) to b.
@@ -1930,39 +1978,13 @@ named_array<T, Axes> glu(const named_array<T, Axes>& x, A axis) {
   const T* in = x.data();
   T* out = r.data();
   const std::int64_t h = sp.n / 2, inner = sp.inner;
-  using V = compute_t<T>;
-  Kokkos::parallel_for(
-      "haliax::nn::glu", Kokkos::RangePolicy<execution_space>(0, sp.outer * h), KOKKOS_LAMBDA(std::int64_t w) {
-        const std::int64_t o = w / h, j = w - o * h;
-        const T* a = in + (o * 2 * h + j) * inner;
-        const T* b = a + h * inner;
-        T* q = out + w * inner;
-        for (std::int64_t i = 0; i < inner; ++i) {
-          const V av = detail::ld(a, i);
-          detail::st(q, i, av * detail::sigmoid_v(detail::ld(b, i)));
-        }
-      });
+  detail::glu_kernel<T>(in, out, sp.outer, h, inner);
   if (haliax::detail::ad::any_tracked(x))
     haliax::detail::ad::record(
         r,
         [xs = detail::untracked(x), h, inner, outer = sp.outer](const named_array<T, Axes>& g, auto) {
           auto dx = named_array<T, Axes>::allocate(xs.sizes(), "haliax::nn::glu_grad");
-          const T* in = xs.data();
-          const T* pg = g.data();
-          T* out = dx.data();
-          Kokkos::parallel_for(
-              "haliax::nn::glu_grad", Kokkos::RangePolicy<execution_space>(0, outer * h),
-              KOKKOS_LAMBDA(std::int64_t w) {
-                const std::int64_t o = w / h, j = w - o * h;
-                const std::int64_t ia = (o * 2 * h + j) * inner, ib = ia + h * inner;
-                const T* gq = pg + w * inner;
-                for (std::int64_t i = 0; i < inner; ++i) {
-                  const V gv = detail::ld(gq, i), av = detail::ld(in + ia, i);
-                  const V s = detail::sigmoid_v(detail::ld(in + ib, i));
-                  detail::st(out + ia, i, gv * s);
-                  detail::st(out + ib, i, gv * av * s * (V(1) - s));
-                }
-              });
+          detail::glu_grad_kernel<T>(xs.data(), g.data(), dx.data(), outer, h, inner);
           return std::tuple{dx};
         },
         x);

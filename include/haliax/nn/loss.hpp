@@ -333,28 +333,33 @@ HALIAX_NN_INLINE void ce_grad_row_isa(host_isa isa, const T* x, const T* t, std:
 // Drivers over logits split as outer x n x inner around the label axis; token r = o * inner + i. `Tgt` is
 // std::int32_t (class ids, one per token) or T (a distribution, logits-shaped).
 
+/// Whether targets of type Tgt are a distribution (not class ids). A variable template, not a local constant:
+/// nvcc counts a local used in a device lambda's `if constexpr` as a capture there, which it refuses.
+template <class Tgt>
+inline constexpr bool dense_targets_v = !std::is_same_v<Tgt, std::int32_t>;
+
 /// Forward: per token the log-normaliser lse, the cross-entropy term ce (without z-loss) and, for
 /// distributions, the targets' sum ts.
 template <class T, class Tgt>
 void ce_forward(const T* x, const Tgt* tg, axis_split sp, compute_t<T>* lse, compute_t<T>* ce, compute_t<T>* ts) {
   using V = compute_t<T>;
-  constexpr bool dense = !std::is_same_v<Tgt, std::int32_t>;
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0) return;
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   if (inner == 1) {
     Kokkos::parallel_for(
         "haliax::nn::cross_entropy", Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t r) {
+          HALIAX_CAPTURE(tg, ce, ts, isa);
           const T* xr = x + r * n;
           auto acc = lse_start<V>();
-          if constexpr (dense) {
+          if constexpr (dense_targets_v<Tgt>) {
             lse_fold_isa<true>(isa, xr, tg + r * n, n, acc);
           } else {
             lse_fold_isa<false>(isa, xr, static_cast<const T*>(nullptr), n, acc);
           }
           const V z = acc.bad ? lse_general_isa(isa, xr, n) : lse_finish(acc);
           lse[r] = z;
-          if constexpr (dense) {
+          if constexpr (dense_targets_v<Tgt>) {
             if (acc.bad) {  // the sums were cut short: redo them (rare)
               acc.tx = row_sum2_of<4>(xr, tg + r * n, n, prod_fn{});
               acc.ts = row_sum_of<4>(tg + r * n, n, identity_fn{});
@@ -372,6 +377,7 @@ void ce_forward(const T* x, const Tgt* tg, axis_split sp, compute_t<T>* lse, com
   const std::int64_t nb = (inner + B - 1) / B;
   Kokkos::parallel_for(
       "haliax::nn::cross_entropy", Kokkos::RangePolicy<execution_space>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
+        HALIAX_CAPTURE(tg, ce, ts);
         const std::int64_t o = w / nb;
         const std::int64_t i0 = (w - o * nb) * B;
         const int b = inner - i0 < B ? static_cast<int>(inner - i0) : B;
@@ -391,7 +397,7 @@ void ce_forward(const T* x, const Tgt* tg, axis_split sp, compute_t<T>* lse, com
           for (int k = 0; k < b; ++k) {
             const V v = ld(xb + j * inner, k);
             s[k] += fast_exp(v - m[k]);
-            if constexpr (dense) {
+            if constexpr (dense_targets_v<Tgt>) {
               const V tv = ld(tg + o * n * inner + i0 + j * inner, k);
               tx[k] += tv * v;
               tsum[k] += tv;
@@ -401,7 +407,7 @@ void ce_forward(const T* x, const Tgt* tg, axis_split sp, compute_t<T>* lse, com
           const std::int64_t r = o * inner + i0 + k;
           const V z = m[k] + haliax::detail::math::log(s[k]);
           lse[r] = z;
-          if constexpr (dense) {
+          if constexpr (dense_targets_v<Tgt>) {
             ce[r] = z * tsum[k] - tx[k];
             ts[r] = tsum[k];
           } else {
@@ -417,7 +423,6 @@ template <class T, class Tgt>
 void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* lse, const compute_t<T>* ca,
                  const compute_t<T>* c, T* dx, T* dt) {
   using V = compute_t<T>;
-  constexpr bool dense = !std::is_same_v<Tgt, std::int32_t>;
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0 || n == 0) return;
   [[maybe_unused]] const host_isa isa = detect_host_isa();
@@ -429,7 +434,8 @@ void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* l
     Kokkos::parallel_for(
         "haliax::nn::cross_entropy_grad", Kokkos::RangePolicy<execution_space>(0, outer),
         KOKKOS_LAMBDA(std::int64_t r) {
-          if constexpr (dense) {
+          HALIAX_CAPTURE(x, tg, dx, dt, lse, ca, c, isa, stream, n);
+          if constexpr (dense_targets_v<Tgt>) {
             ce_grad_row_isa<true>(isa, x + r * n, tg + r * n, -1, dx + r * n, dt ? dt + r * n : nullptr, n, lse[r],
                                   ca[r], c[r], stream);
           } else {
@@ -448,18 +454,61 @@ void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* l
         const std::int64_t i0 = (w - o * nb) * B;
         const int b = inner - i0 < B ? static_cast<int>(inner - i0) : B;
         const std::int64_t base = o * n * inner + i0, r0 = o * inner + i0;
+        HALIAX_CAPTURE(tg, dx, dt, c);
         for (std::int64_t j = 0; j < n; ++j)
           for (int k = 0; k < b; ++k) {
             const std::int64_t e = base + j * inner + k, r = r0 + k;
             const V v = ld(x, e);
             const V p = ca[r] == V(0) ? V(0) : ca[r] * fast_exp(v - lse[r]);
-            if constexpr (dense) {
+            if constexpr (dense_targets_v<Tgt>) {
               st(dx, e, p - c[r] * ld(tg, e));
               if (dt) st(dt, e, c[r] * (lse[r] - v));
             } else {
               st(dx, e, tg[r] == j ? p - c[r] : p);
             }
           }
+      });
+}
+
+// reduce_tokens's and ce_coefficients's kernels (axis-free functions, for nvcc: see haliax::detail::fill_raw).
+template <class T, class V>
+void token_losses(T* po, const V* pl, const V* pc, const bool* mask, V wv, std::int64_t tokens) {
+  Kokkos::parallel_for(
+      "haliax::nn::cross_entropy(tokens)", Kokkos::RangePolicy<execution_space>(0, tokens),
+      KOKKOS_LAMBDA(std::int64_t r) {
+        st(po, r, mask && !mask[r] ? V(0) : pc[r] + (wv != V(0) ? wv * pl[r] * pl[r] : V(0)));
+      });
+}
+template <class V>
+double token_loss_sum(const V* pl, const V* pc, const bool* mask, double w, std::int64_t tokens) {
+  return ordered_sum(
+      "haliax::nn::cross_entropy(sum)", tokens, KOKKOS_LAMBDA(std::int64_t r, double& acc) {
+        if (mask && !mask[r]) return;
+        acc += static_cast<double>(pc[r]) + (w != 0.0 ? w * static_cast<double>(pl[r]) * pl[r] : 0.0);
+      });
+}
+inline double mask_count(const bool* mask, std::int64_t tokens) {
+  return ordered_sum(  // exact below 2^53 tokens
+      "haliax::nn::cross_entropy(count)", tokens,
+      KOKKOS_LAMBDA(std::int64_t r, double& acc) { acc += mask[r] ? 1.0 : 0.0; });
+}
+template <class T, class V, class Tgt>
+void ce_coefficients_kernel(const T* pg, const bool* mask, const Tgt* ids, const V* ts, const V* pl, V* pc, V* pca,
+                            std::int64_t count_tokens, std::int64_t n, V wv, V scale, bool per_token) {
+  Kokkos::parallel_for(
+      "haliax::nn::cross_entropy_grad(coefficients)", Kokkos::RangePolicy<execution_space>(0, count_tokens),
+      KOKKOS_LAMBDA(std::int64_t r) {
+        HALIAX_CAPTURE(ids, ts, n);
+        const V gv = per_token ? ld(pg, r) : ld(pg, 0) * scale;
+        const V cv = mask && !mask[r] ? V(0) : gv;
+        V base;
+        if constexpr (std::is_same_v<Tgt, std::int32_t>) {
+          base = ids[r] >= 0 && ids[r] < n ? V(1) : V(0);
+        } else {
+          base = ts[r];
+        }
+        pc[r] = cv;
+        pca[r] = cv == V(0) ? V(0) : cv * (base + (wv != V(0) ? V(2) * wv * pl[r] : V(0)));
       });
 }
 
@@ -476,27 +525,13 @@ loss_result_t<R, T, Tok> reduce_tokens(const named_array<compute_t<T>, Tok>& lse
   const std::int64_t tokens = lse.element_count();
   if constexpr (std::is_same_v<R, reduce_none_t>) {
     auto out = named_array<T, Tok>::allocate(lse.sizes(), "haliax::nn::cross_entropy");
-    T* po = out.data();
-    Kokkos::parallel_for(
-        "haliax::nn::cross_entropy(tokens)", Kokkos::RangePolicy<execution_space>(0, tokens),
-        KOKKOS_LAMBDA(std::int64_t r) {
-          st(po, r, mask && !mask[r] ? V(0) : pc[r] + (wv != V(0) ? wv * pl[r] * pl[r] : V(0)));
-        });
+    token_losses<T, V>(out.data(), pl, pc, mask, wv, tokens);
     count = tokens;
     return out;
   } else {
-    double total = ordered_sum(
-        "haliax::nn::cross_entropy(sum)", tokens, KOKKOS_LAMBDA(std::int64_t r, double& acc) {
-          if (mask && !mask[r]) return;
-          acc += static_cast<double>(pc[r]) + (w != 0.0 ? w * static_cast<double>(pl[r]) * pl[r] : 0.0);
-        });
+    double total = token_loss_sum<V>(pl, pc, mask, w, tokens);
     count = tokens;
-    if (mask) {
-      const double kept = ordered_sum(  // exact below 2^53 tokens
-          "haliax::nn::cross_entropy(count)", tokens,
-          KOKKOS_LAMBDA(std::int64_t r, double& acc) { acc += mask[r] ? 1.0 : 0.0; });
-      count = static_cast<std::int64_t>(kept);
-    }
+    if (mask) count = static_cast<std::int64_t>(mask_count(mask, tokens));
     if constexpr (std::is_same_v<R, reduce_mean_t>)
       total = count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
     return scalar<T>(static_cast<T>(total));
@@ -520,20 +555,7 @@ std::pair<named_array<compute_t<T>, Tok>, named_array<compute_t<T>, Tok>> ce_coe
   const V wv = static_cast<V>(w);
   constexpr bool per_token = std::is_same_v<R, reduce_none_t>;
   const V scale = std::is_same_v<R, reduce_mean_t> ? (count > 0 ? V(1) / static_cast<V>(count) : V(0)) : V(1);
-  Kokkos::parallel_for(
-      "haliax::nn::cross_entropy_grad(coefficients)", Kokkos::RangePolicy<execution_space>(0, lse.element_count()),
-      KOKKOS_LAMBDA(std::int64_t r) {
-        const V gv = per_token ? ld(pg, r) : ld(pg, 0) * scale;
-        const V cv = mask && !mask[r] ? V(0) : gv;
-        V base;
-        if constexpr (std::is_same_v<Tgt, std::int32_t>) {
-          base = ids[r] >= 0 && ids[r] < n ? V(1) : V(0);
-        } else {
-          base = ts[r];
-        }
-        pc[r] = cv;
-        pca[r] = cv == V(0) ? V(0) : cv * (base + (wv != V(0) ? V(2) * wv * pl[r] : V(0)));
-      });
+  ce_coefficients_kernel<T, V, Tgt>(pg, mask, ids, ts, pl, pc, pca, lse.element_count(), n, wv, scale, per_token);
   return {c, ca};
 }
 
@@ -551,14 +573,14 @@ auto cross_entropy(const named_array<T, Axes>& logits, const named_array<Tgt, Tg
   auto lse = named_array<V, Tok>::allocate(tok_sizes, "haliax::nn::cross_entropy(lse)");
   auto ce = named_array<V, Tok>::allocate(tok_sizes, "haliax::nn::cross_entropy(ce)");
   named_array<V, Tok> ts;
-  if constexpr (dense) ts = named_array<V, Tok>::allocate(tok_sizes, "haliax::nn::cross_entropy(ts)");
+  if constexpr (dense_targets_v<Tgt>) ts = named_array<V, Tok>::allocate(tok_sizes, "haliax::nn::cross_entropy(ts)");
   ce_forward(logits.data(), tg.data(), sp, lse.data(), ce.data(), dense ? ts.data() : static_cast<V*>(nullptr));
   std::int64_t count = 0;
   const bool* pm = mask ? mask->data() : nullptr;
   auto out = reduce_tokens<R, T>(lse, ce, pm, w, count);
 
   bool track_targets = false;
-  if constexpr (dense) track_targets = haliax::detail::ad::tracked(orig);
+  if constexpr (dense_targets_v<Tgt>) track_targets = haliax::detail::ad::tracked(orig);
   if (haliax::detail::ad::any_tracked(logits) || track_targets) {
     named_array<bool, Tok> m;
     if (mask) m = *mask;
@@ -568,7 +590,7 @@ auto cross_entropy(const named_array<T, Axes>& logits, const named_array<Tgt, Tg
           ce_coefficients<R, T>(g, pm, count, lse, tg.data(), dense ? ts.data() : static_cast<V*>(nullptr), sp.n, w);
       // dx is written even when only the targets need a gradient (the kernel computes both in one pass).
       auto dx = named_array<T, Axes>::allocate(x.sizes(), "haliax::nn::cross_entropy_grad");
-      if constexpr (dense) {
+      if constexpr (dense_targets_v<Tgt>) {
         named_array<T, TgtAxes> dt;
         if (needs[1]) dt = named_array<T, TgtAxes>::allocate(tg.sizes(), "haliax::nn::cross_entropy_grad(targets)");
         ce_backward(x.data(), tg.data(), sp, lse.data(), ca.data(), c.data(), dx.data(),
@@ -582,7 +604,7 @@ auto cross_entropy(const named_array<T, Axes>& logits, const named_array<Tgt, Tg
         return std::tuple{dx};
       }
     };
-    if constexpr (dense) {
+    if constexpr (dense_targets_v<Tgt>) {
       haliax::detail::ad::record(out, std::move(bwd), logits, orig);
     } else {
       haliax::detail::ad::record(out, std::move(bwd), logits);
@@ -743,6 +765,41 @@ void add_into(compute_t<T>* acc, const T* x, std::int64_t n) {
       KOKKOS_LAMBDA(std::int64_t i) { acc[i] += ld(x, i); });
 }
 
+// The block-wise loss's small kernels, as named functions: nvcc allows no device lambda in a function with a
+// deduced return type or in the generic lambda that records the backward.
+template <class V>
+void blockwise_init(lse_acc<V>* pa, V* pxt, std::int64_t tokens) {
+  Kokkos::parallel_for(
+      "haliax::nn::blockwise_cross_entropy(init)", Kokkos::RangePolicy<execution_space>(0, tokens),
+      KOKKOS_LAMBDA(std::int64_t r) {
+        pa[r] = lse_start<V>();
+        pxt[r] = V(0);
+      });
+}
+template <class V>
+void blockwise_finish(const lse_acc<V>* pa, const V* pxt, const std::int32_t* pid, V* pl, V* pc, std::int64_t tokens,
+                      std::int64_t vocab) {
+  Kokkos::parallel_for(
+      "haliax::nn::blockwise_cross_entropy(finish)", Kokkos::RangePolicy<execution_space>(0, tokens),
+      KOKKOS_LAMBDA(std::int64_t r) {
+        const V z = pa[r].bad ? std::numeric_limits<V>::quiet_NaN() : lse_finish(pa[r]);
+        pl[r] = z;
+        pc[r] = pid[r] >= 0 && pid[r] < vocab ? z - pxt[r] : V(0);
+      });
+}
+template <class T>
+void blockwise_zero(T* p, std::int64_t n) {
+  Kokkos::parallel_for(
+      "haliax::nn::blockwise_cross_entropy_grad(zero)", Kokkos::RangePolicy<execution_space>(0, n),
+      KOKKOS_LAMBDA(std::int64_t i) { p[i] = T(0); });
+}
+template <class T, class V>
+void blockwise_store(T* p, const V* a, std::int64_t n) {
+  Kokkos::parallel_for(
+      "haliax::nn::blockwise_cross_entropy_grad(hidden)", Kokkos::RangePolicy<execution_space>(0, n),
+      KOKKOS_LAMBDA(std::int64_t i) { st(p, i, a[i]); });
+}
+
 /// The block-wise loss on hidden states `h` [tokens..., E] and weight `w` [V, E] (both already in that
 /// layout), class ids `ids` in token order and an optional token mask; records one node whose inputs are the
 /// caller's `hidden` and `lm_head`.
@@ -770,12 +827,7 @@ auto blockwise_cross_entropy(const named_array<T, AxH>& hidden, const named_arra
     flat_view<V> xt(Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::nn::blockwise_cross_entropy(xt)"), tokens);
     lse_acc<V>* pa = acc.data();
     V* pxt = xt.data();
-    Kokkos::parallel_for(
-        "haliax::nn::blockwise_cross_entropy(init)", Kokkos::RangePolicy<execution_space>(0, tokens),
-        KOKKOS_LAMBDA(std::int64_t r) {
-          pa[r] = lse_start<V>();
-          pxt[r] = V(0);
-        });
+    blockwise_init<V>(pa, pxt, tokens);
     if (B > 0 && tokens > 0) {
       flat_view<T> block(Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::nn::blockwise_cross_entropy(logits)"),
                          tokens * B);
@@ -786,16 +838,7 @@ auto blockwise_cross_entropy(const named_array<T, AxH>& hidden, const named_arra
         blockwise_fold<T>(block.data(), tokens, nb, v0, ids.data(), pa, pxt);
       }
     }
-    V* pl = lse.data();
-    V* pc = ce.data();
-    const std::int32_t* pid = ids.data();
-    Kokkos::parallel_for(
-        "haliax::nn::blockwise_cross_entropy(finish)", Kokkos::RangePolicy<execution_space>(0, tokens),
-        KOKKOS_LAMBDA(std::int64_t r) {
-          const V z = pa[r].bad ? std::numeric_limits<V>::quiet_NaN() : lse_finish(pa[r]);
-          pl[r] = z;
-          pc[r] = pid[r] >= 0 && pid[r] < vocab ? z - pxt[r] : V(0);
-        });
+    blockwise_finish<V>(pa, pxt, ids.data(), lse.data(), ce.data(), tokens, vocab);
   }
   std::int64_t count = 0;
   auto out = reduce_tokens<R, T>(lse, ce, mask ? mask->data() : nullptr, zw, count);
@@ -838,18 +881,11 @@ auto blockwise_cross_entropy(const named_array<T, AxH>& hidden, const named_arra
             haliax::detail::gemm_batched<T>(true, false, 1, nb, E, tokens, block.data(), h.data(), dw.data() + v0 * E);
         }
       } else if (needs[1]) {
-        T* p = dw.data();
-        Kokkos::parallel_for(
-            "haliax::nn::blockwise_cross_entropy_grad(zero)", Kokkos::RangePolicy<execution_space>(0, vocab * E),
-            KOKKOS_LAMBDA(std::int64_t i) { p[i] = T(0); });
+        blockwise_zero<T>(dw.data(), vocab * E);
       }
       if (needs[0]) {
         auto dh = named_array<T, HL>::allocate(h.sizes(), "haliax::nn::blockwise_cross_entropy_grad(hidden)");
-        T* p = dh.data();
-        const V* a = dh_acc.data();
-        Kokkos::parallel_for(
-            "haliax::nn::blockwise_cross_entropy_grad(hidden)", Kokkos::RangePolicy<execution_space>(0, tokens * E),
-            KOKKOS_LAMBDA(std::int64_t i) { st(p, i, a[i]); });
+        blockwise_store<T>(dh.data(), dh_acc.data(), tokens * E);
         dhidden = in_order<AxH>(dh);
       }
       if (needs[1]) dweight = in_order<AxW>(dw);

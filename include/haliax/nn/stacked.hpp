@@ -226,17 +226,7 @@ struct Stacked {
         if (gather) {
           haliax::detail::ad::make_sink(view, [gather, i, per](const LL& g) {
             const auto& acc = gather->ensure_grad();
-            T* dst = acc.data() + i * per;
-            const T* src = g.data();
-            Kokkos::parallel_for(
-                "haliax::nn::Stacked(grad)", Kokkos::RangePolicy<execution_space>(0, per),
-                KOKKOS_LAMBDA(std::int64_t j) {
-                  if constexpr (std::is_same_v<T, bf16>) {
-                    dst[j] = bf16(static_cast<float>(dst[j]) + static_cast<float>(src[j]));
-                  } else {
-                    dst[j] = dst[j] + src[j];
-                  }
-                });
+            haliax::detail::ad::add_into_raw<T>("haliax::nn::Stacked(grad)", acc.data() + i * per, g.data(), per);
           });
         }
         *l_leaves[static_cast<std::size_t>(i)] = view;

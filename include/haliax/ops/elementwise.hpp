@@ -81,16 +81,56 @@ KOKKOS_INLINE_FUNCTION void store(T* p, std::int64_t i, V v) {
   }
 }
 
+// map's and zip's kernels: functions of element types and the functor only (never of axis lists, which nvcc
+// cannot name a device lambda by; see haliax::detail::fill_raw).
+template <class Out, class T, class Op>
+void map_kernel(const char* label, const T* in, Out* out, std::int64_t n, Op op) {
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, n),
+      KOKKOS_LAMBDA(std::int64_t i) { store(out, i, op(load(in, i))); });
+}
+
+template <class Out, class TA, class TB, class Op>
+void zip_kernel(const char* label, const nd_plan<3>& plan, const TA* pa, const TB* pb, Out* po, Op op) {
+  nd_for_each<3>(
+      label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
+        Out* o = po + off[0];
+        const TA* x = pa + off[1];
+        const TB* y = pb + off[2];
+        if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(load(x, j), load(y, j)));
+        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
+          const auto yv = load(y, 0);
+          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(load(x, j), yv));
+        } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {
+          const auto xv = load(x, 0);
+          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(xv, load(y, j)));
+        } else {
+          for (std::int64_t j = 0; j < n; ++j) store(o, j * s[0], op(load(x, j * s[1]), load(y, j * s[2])));
+        }
+      });
+}
+
+template <class U, class T>
+void astype_kernel(const T* in, U* out, std::int64_t n) {
+  Kokkos::parallel_for(
+      "haliax::astype", Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        HALIAX_CAPTURE(in, out);
+        if constexpr (std::is_same_v<U, bool>) {
+          out[i] = static_cast<compute_t<T>>(in[i]) != compute_t<T>(0);
+        } else if constexpr (std::is_same_v<U, bf16>) {
+          out[i] = bf16(static_cast<float>(static_cast<compute_t<T>>(in[i])));
+        } else {
+          out[i] = static_cast<U>(static_cast<compute_t<T>>(in[i]));
+        }
+      });
+}
+
 /// out = op(x) elementwise; the output element type is `Out`.
 template <class Out, class T, class Axes, class Op>
 named_array<Out, Axes> map(const char* label, const named_array<T, Axes>& x, Op op) {
   auto r = named_array<Out, Axes>::allocate(x.sizes(), label);
-  const T* in = x.data();
-  Out* out = r.data();
-  const std::int64_t n = x.element_count();
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, n),
-      KOKKOS_LAMBDA(std::int64_t i) { store(out, i, op(load(in, i))); });
+  map_kernel<Out, T, Op>(label, x.data(), r.data(), x.element_count(), op);
   return r;
 }
 
@@ -111,26 +151,7 @@ named_array<Out, AxR> zip(const char* label, const named_array<TA, AxA>& a, cons
   auto sb = strides_in<AxR, AxB>(b.sizes());
   const std::int64_t* st[3] = {so.data(), sa.data(), sb.data()};
   auto plan = make_plan<3>(static_cast<int>(AxR::rank), rsizes.data(), st);
-  const TA* pa = a.data();
-  const TB* pb = b.data();
-  Out* po = r.data();
-  nd_for_each<3>(
-      label, plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t n) {
-        Out* o = po + off[0];
-        const TA* x = pa + off[1];
-        const TB* y = pb + off[2];
-        if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
-          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(load(x, j), load(y, j)));
-        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
-          const auto yv = load(y, 0);
-          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(load(x, j), yv));
-        } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {
-          const auto xv = load(x, 0);
-          for (std::int64_t j = 0; j < n; ++j) store(o, j, op(xv, load(y, j)));
-        } else {
-          for (std::int64_t j = 0; j < n; ++j) store(o, j * s[0], op(load(x, j * s[1]), load(y, j * s[2])));
-        }
-      });
+  zip_kernel<Out, TA, TB, Op>(label, plan, a.data(), b.data(), r.data(), op);
   return r;
 }
 
@@ -896,7 +917,8 @@ requires(sizeof...(S) > 0 &&
   using AxR = detail::to_axes<detail::mp::mp_list<typename S::axis_type..., std::remove_cvref_t<decltype(A)>...>>;
   std::array<std::int64_t, AxR::rank> rsizes;
   std::size_t i = 0;
-  for (auto n : {s.size...}) rsizes[i++] = n;
+  const std::array<std::int64_t, sizeof...(S)> fresh{s.size...};  // (nvcc's host pass rejects a braced pack in a range-for)
+  for (auto n : fresh) rsizes[i++] = n;
   for (auto n : x.sizes()) rsizes[i++] = n;
   auto r = detail::broadcast_copy<AxR>("haliax::broadcast_axis", x, rsizes);
   detail::record_broadcast(r, x);
@@ -1054,18 +1076,7 @@ named_array<T, Axes> copy(const named_array<T, Axes>& x) {
 template <Element U, class T, class Axes>
 named_array<U, Axes> astype(const named_array<T, Axes>& x) {
   auto r = named_array<U, Axes>::allocate(x.sizes(), "haliax::astype");
-  const T* in = x.data();
-  U* out = r.data();
-  Kokkos::parallel_for(
-      "haliax::astype", Kokkos::RangePolicy<execution_space>(0, x.element_count()), KOKKOS_LAMBDA(std::int64_t i) {
-        if constexpr (std::is_same_v<U, bool>) {
-          out[i] = static_cast<compute_t<T>>(in[i]) != compute_t<T>(0);
-        } else if constexpr (std::is_same_v<U, bf16>) {
-          out[i] = bf16(static_cast<float>(static_cast<compute_t<T>>(in[i])));
-        } else {
-          out[i] = static_cast<U>(static_cast<compute_t<T>>(in[i]));
-        }
-      });
+  detail::astype_kernel<U, T>(x.data(), r.data(), x.element_count());
   if constexpr (FloatElement<T> && FloatElement<U>) {
     if (detail::ad::any_tracked(x))
       detail::ad::record(

@@ -57,6 +57,26 @@ struct axis_starts {
 };
 
 namespace detail::indexing {
+
+/// take's gather (a named function: nvcc allows no device lambda in a function with a deduced return type).
+template <class T>
+void take_kernel(const nd_plan<3>& plan, const T* px, const std::int32_t* pi, T* po, std::int64_t n,
+                 std::int64_t ax_stride, bool clip, T fill_v) {
+  nd_for_each<3>(
+      "haliax::take", plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t m) {
+        for (std::int64_t j = 0; j < m; ++j) {
+          std::int64_t t = pi[off[2] + j * s[2]];
+          if (t < 0 || t >= n) {
+            if (!clip) {
+              po[off[0] + j * s[0]] = fill_v;
+              continue;
+            }
+            t = t < 0 ? 0 : n - 1;
+          }
+          po[off[0] + j * s[0]] = px[off[1] + j * s[1] + t * ax_stride];
+        }
+      });
+}
 template <class L, class Tuple, std::size_t... I>
 auto make_starts(const Tuple& t, std::index_sequence<I...>) {
   return []<class... A>(mp::mp_list<A...>, auto... v) { return axis_starts<A...>{{static_cast<std::int64_t>(v)...}}; }(
@@ -256,50 +276,19 @@ slice(const named_array<T, Axes>& x, Ax a, std::int64_t start, sized_axis<New> l
 // take
 
 namespace detail::indexing {
-/// The gradient of `take` for x (axes AxX, sizes xs, taken along dim k): g (the result's layout: x's dims
-/// before k, then `nf` index dims, then x's dims after k) scatter-added into zeros at the gathered positions.
-/// `si` holds the index array's stride along each result dim (0 where it lacks the dim). Indices out of range
-/// add into the clamped position (`clip`) or nowhere (`fill`), as JAX's gather gradients do.
-///
-/// Deterministic: the work is split by the positions of x outside dim k (x's dims before k, and blocks of the
-/// contiguous dims after it), so each gradient element has one owner, which adds its contributions serially
-/// in the order of the index dims. Accumulates in float for bf16.
-template <class AxX, class T, class AxR>
-named_array<T, AxX> take_grad(const named_array<T, AxR>& g, const std::int32_t* idx,
-                              const std::array<std::int64_t, AxX::rank>& xs, std::size_t k,
-                              const std::array<std::int64_t, AxR::rank>& si, bool clip) {
-  using A = compute_t<T>;
-  constexpr std::size_t N = AxX::rank, NR = AxR::rank;
-  constexpr std::size_t nf = NR + 1 - N;
-  auto acc = named_array<A, AxX>::allocate(xs, "haliax::take_grad");
-  fill(acc, A(0));
-  const std::int64_t outer = layout::product(xs, 0, k);
-  const std::int64_t inner = layout::product(xs, k + 1, N);
-  const std::int64_t n = xs[k];
-  const std::int64_t nfresh = layout::product(g.sizes(), k, k + nf);
-  if (acc.element_count() > 0 && g.element_count() > 0) {
-    struct dims_t {
-      int nb = 0, nf = 0, na = 0;
-      std::int64_t ext[max_rank]{}, str[max_rank]{};  // result extents and index strides: before, fresh, after
-      bool after_dep = false;                          // the index varies along the dims after k
-    } p;
-    p.nb = static_cast<int>(k);
-    p.nf = static_cast<int>(nf);
-    p.na = static_cast<int>(NR - k - nf);
-    for (std::size_t d = 0; d < NR; ++d) {
-      p.ext[d] = g.sizes()[d];
-      p.str[d] = si[d];
-      if (d >= k + nf && si[d] != 0 && g.sizes()[d] > 1) p.after_dep = true;
-    }
-    // Blocks of the contiguous dims after k: enough tasks to spread, at least 64 elements each. The split
-    // changes no element's arithmetic.
-    std::int64_t per_row = std::min<std::int64_t>((inner + 63) / 64, (256 + outer - 1) / outer);
-    per_row = per_row < 1 ? 1 : per_row;
-    const std::int64_t block = (inner + per_row - 1) / per_row;
-    per_row = (inner + block - 1) / block;
-    const dims_t q = p;
-    const T* pg = g.data();
-    A* pa = acc.data();
+/// take_grad's index geometry: result extents and index strides (dims before k, fresh, after).
+struct take_grad_dims {
+  int nb = 0, nf = 0, na = 0;
+  std::int64_t ext[max_rank]{}, str[max_rank]{};
+  bool after_dep = false;  // the index varies along the dims after k
+};
+
+/// take_grad's scatter-add (an axis-free function, for nvcc: see haliax::detail::fill_raw).
+template <class T, class A>
+void take_grad_kernel(const take_grad_dims& p, const T* pg, A* pa, const std::int32_t* idx, std::int64_t outer,
+                      std::int64_t per_row, std::int64_t block, std::int64_t inner, std::int64_t nfresh,
+                      std::int64_t n, bool clip) {
+    const take_grad_dims q = p;
     Kokkos::parallel_for(
         "haliax::take_grad", Kokkos::RangePolicy<execution_space>(0, outer * per_row), KOKKOS_LAMBDA(std::int64_t t) {
           const std::int64_t ob = t / per_row;
@@ -340,6 +329,46 @@ named_array<T, AxX> take_grad(const named_array<T, AxR>& g, const std::int32_t* 
             }
           }
         });
+}
+
+/// The gradient of `take` for x (axes AxX, sizes xs, taken along dim k): g (the result's layout: x's dims
+/// before k, then `nf` index dims, then x's dims after k) scatter-added into zeros at the gathered positions.
+/// `si` holds the index array's stride along each result dim (0 where it lacks the dim). Indices out of range
+/// add into the clamped position (`clip`) or nowhere (`fill`), as JAX's gather gradients do.
+///
+/// Deterministic: the work is split by the positions of x outside dim k (x's dims before k, and blocks of the
+/// contiguous dims after it), so each gradient element has one owner, which adds its contributions serially
+/// in the order of the index dims. Accumulates in float for bf16.
+template <class AxX, class T, class AxR>
+named_array<T, AxX> take_grad(const named_array<T, AxR>& g, const std::int32_t* idx,
+                              const std::array<std::int64_t, AxX::rank>& xs, std::size_t k,
+                              const std::array<std::int64_t, AxR::rank>& si, bool clip) {
+  using A = compute_t<T>;
+  constexpr std::size_t N = AxX::rank, NR = AxR::rank;
+  constexpr std::size_t nf = NR + 1 - N;
+  auto acc = named_array<A, AxX>::allocate(xs, "haliax::take_grad");
+  fill(acc, A(0));
+  const std::int64_t outer = layout::product(xs, 0, k);
+  const std::int64_t inner = layout::product(xs, k + 1, N);
+  const std::int64_t n = xs[k];
+  const std::int64_t nfresh = layout::product(g.sizes(), k, k + nf);
+  if (acc.element_count() > 0 && g.element_count() > 0) {
+    take_grad_dims p;
+    p.nb = static_cast<int>(k);
+    p.nf = static_cast<int>(nf);
+    p.na = static_cast<int>(NR - k - nf);
+    for (std::size_t d = 0; d < NR; ++d) {
+      p.ext[d] = g.sizes()[d];
+      p.str[d] = si[d];
+      if (d >= k + nf && si[d] != 0 && g.sizes()[d] > 1) p.after_dep = true;
+    }
+    // Blocks of the contiguous dims after k: enough tasks to spread, at least 64 elements each. The split
+    // changes no element's arithmetic.
+    std::int64_t per_row = std::min<std::int64_t>((inner + 63) / 64, (256 + outer - 1) / outer);
+    per_row = per_row < 1 ? 1 : per_row;
+    const std::int64_t block = (inner + per_row - 1) / per_row;
+    per_row = (inner + block - 1) / block;
+    take_grad_kernel<T, A>(p, g.data(), acc.data(), idx, outer, per_row, block, inner, nfresh, n, clip);
   }
   if constexpr (std::is_same_v<A, T>) {
     return acc;
@@ -418,20 +447,7 @@ auto take(const named_array<T, Axes>& x, Ax, const named_array<std::int32_t, AxI
   const T* px = x.data();
   const std::int32_t* pi = idx.data();
   T* po = r.data();
-  nd_for_each<3>(
-      "haliax::take", plan, KOKKOS_LAMBDA(const std::int64_t* off, const std::int64_t* s, std::int64_t m) {
-        for (std::int64_t j = 0; j < m; ++j) {
-          std::int64_t t = pi[off[2] + j * s[2]];
-          if (t < 0 || t >= n) {
-            if (!clip) {
-              po[off[0] + j * s[0]] = fill_v;
-              continue;
-            }
-            t = t < 0 ? 0 : n - 1;
-          }
-          po[off[0] + j * s[0]] = px[off[1] + j * s[1] + t * ax_stride];
-        }
-      });
+  indexing::take_kernel<T>(plan, px, pi, po, n, ax_stride, clip, fill_v);
   layout::record_grad(
       r,
       [idx, xs = x.sizes(), si, clip](const named_array<T, R>& g, auto) {

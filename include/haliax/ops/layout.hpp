@@ -188,6 +188,27 @@ void add_rows(const char* label, T* dst, std::int64_t dst_row, const T* src, std
       });
 }
 
+/// unslab's copy (an axis-free function, for nvcc: see haliax::detail::fill_raw).
+template <class T>
+void unslab_kernel(const char* label, const T* src, T* po, std::int64_t rows, std::int64_t dst_w, std::int64_t src_w,
+                   std::int64_t c0, std::int64_t c1, std::int64_t shift) {
+  constexpr std::int64_t block = 4096;
+  const std::int64_t nb = (dst_w + block - 1) / block;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<execution_space>(0, rows * nb), KOKKOS_LAMBDA(std::int64_t t) {
+        const std::int64_t row = t / nb;
+        const std::int64_t b0 = (t - row * nb) * block;
+        const std::int64_t b1 = b0 + block < dst_w ? b0 + block : dst_w;
+        const std::int64_t a = c0 < b0 ? b0 : (c0 > b1 ? b1 : c0);
+        const std::int64_t e = c1 < a ? a : (c1 > b1 ? b1 : c1);
+        T* o = po + row * dst_w;
+        const std::int64_t in = row * src_w + shift;
+        for (std::int64_t c = b0; c < a; ++c) o[c] = T(0);
+        for (std::int64_t c = a; c < e; ++c) o[c] = src[in + c];
+        for (std::int64_t c = e; c < b1; ++c) o[c] = T(0);
+      });
+}
+
 /// The gradient of a part along one axis: an array of sizes `s` (axes Axes) that is zero except at positions
 /// [start, start + len) of dim k (clipped to [0, s[k])), which hold the matching positions of `src`, a
 /// contiguous buffer in the same axis order with `len` positions along k. One pass, each element written once.
@@ -202,22 +223,7 @@ named_array<T, Axes> unslab(const char* label, const T* src, const std::array<st
   const std::int64_t lo = std::clamp<std::int64_t>(start, 0, n), hi = std::clamp<std::int64_t>(start + len, 0, n);
   const std::int64_t dst_w = n * inner, src_w = len * inner;
   const std::int64_t c0 = lo * inner, c1 = hi * inner, shift = -start * inner;  // column c reads src column c + shift
-  constexpr std::int64_t block = 4096;
-  const std::int64_t nb = (dst_w + block - 1) / block;
-  T* po = r.data();
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, rows * nb), KOKKOS_LAMBDA(std::int64_t t) {
-        const std::int64_t row = t / nb;
-        const std::int64_t b0 = (t - row * nb) * block;
-        const std::int64_t b1 = b0 + block < dst_w ? b0 + block : dst_w;
-        const std::int64_t a = c0 < b0 ? b0 : (c0 > b1 ? b1 : c0);
-        const std::int64_t e = c1 < a ? a : (c1 > b1 ? b1 : c1);
-        T* o = po + row * dst_w;
-        const std::int64_t in = row * src_w + shift;
-        for (std::int64_t c = b0; c < a; ++c) o[c] = T(0);
-        for (std::int64_t c = a; c < e; ++c) o[c] = src[in + c];
-        for (std::int64_t c = e; c < b1; ++c) o[c] = T(0);
-      });
+  unslab_kernel<T>(label, src, r.data(), rows, dst_w, src_w, c0, c1, shift);
   return r;
 }
 

@@ -299,6 +299,68 @@ KOKKOS_INLINE_FUNCTION void for_each_reduced(const reduce_plan& p, std::int64_t 
   }
 }
 
+// Kernels of the masked counts and of prod's and max/min's gradients (axis-free functions, for nvcc: see
+// haliax::detail::fill_raw).
+inline void masked_counts_kernel(const reduce_plan& p, const bool* pm, double* pc) {
+  Kokkos::parallel_for(
+      "haliax::masked_counts", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+        std::int64_t n = 0;
+        for_each_reduced(p, o, [&](std::int64_t, std::int64_t om) { n += pm[om] ? 1 : 0; });
+        pc[o] = static_cast<double>(n);
+      });
+}
+
+template <class T>
+void prod_grad_kernel(const reduce_plan& p, const T* px, const T* pg, const bool* pm, T* po) {
+  Kokkos::parallel_for(
+      "haliax::prod_grad", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+        std::int64_t zeros = 0;
+        double others = 1;  // the product of the non-zero elements
+        for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
+          if (pm && !pm[om]) return;
+          const double v = static_cast<double>(load(px, oi));
+          if (v == 0) {
+            ++zeros;
+          } else {
+            others *= v;
+          }
+        });
+        const double gv = static_cast<double>(load(pg, o));
+        for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
+          double d = 0;
+          if (!pm || pm[om]) {
+            const double v = static_cast<double>(load(px, oi));
+            if (zeros == 0) {
+              d = gv * (others / v);
+            } else if (zeros == 1 && v == 0) {
+              d = gv * others;
+            }
+          }
+          store(po, oi, d);
+        });
+      });
+}
+
+template <class T>
+void extremum_grad_kernel(const reduce_plan& p, const T* px, const T* py, const T* pg, const bool* pm, T* po) {
+  Kokkos::parallel_for(
+      "haliax::extremum_grad", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+        const auto ans = load(py, o);
+        std::int64_t ties = 0;
+        for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
+          if ((!pm || pm[om]) && load(px, oi) == ans) ++ties;
+        });
+        const double share = static_cast<double>(load(pg, o)) / static_cast<double>(ties);
+        for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
+          if (pm && !pm[om]) {
+            store(po, oi, 0.0);
+          } else {
+            store(po, oi, load(px, oi) == ans ? share : 0.0 * share);
+          }
+        });
+      });
+}
+
 /// For each output of a masked reduction over `RList` of an array of axes `Axes` and sizes `sx`: how many
 /// elements take part (the mask broadcast against the array by name).
 template <class Axes, class RList, class AxR, class AxM>
@@ -308,14 +370,7 @@ named_array<double, AxR> masked_counts(const std::array<std::int64_t, Axes::rank
   std::array<std::int64_t, AxR::rank> rsizes{};
   if constexpr (AxR::rank > 0) rsizes = sizes_in<AxR, Axes>(sx);
   auto r = named_array<double, AxR>::allocate(rsizes, "haliax::masked_counts");
-  const bool* pm = mask.data();
-  double* pc = r.data();
-  Kokkos::parallel_for(
-      "haliax::masked_counts", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
-        std::int64_t n = 0;
-        for_each_reduced(p, o, [&](std::int64_t, std::int64_t om) { n += pm[om] ? 1 : 0; });
-        pc[o] = static_cast<double>(n);
-      });
+  masked_counts_kernel(p, mask.data(), r.data());
   return r;
 }
 
@@ -398,33 +453,7 @@ named_array<T, Axes> prod_grad(const named_array<T, Axes>& x, const named_array<
   const T* pg = g.data();
   const bool* pm = m.valid() ? m.data() : nullptr;
   T* po = gx.data();
-  Kokkos::parallel_for(
-      "haliax::prod_grad", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
-        std::int64_t zeros = 0;
-        double others = 1;  // the product of the non-zero elements
-        for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
-          if (pm && !pm[om]) return;
-          const double v = static_cast<double>(load(px, oi));
-          if (v == 0) {
-            ++zeros;
-          } else {
-            others *= v;
-          }
-        });
-        const double gv = static_cast<double>(load(pg, o));
-        for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
-          double d = 0;
-          if (!pm || pm[om]) {
-            const double v = static_cast<double>(load(px, oi));
-            if (zeros == 0) {
-              d = gv * (others / v);
-            } else if (zeros == 1 && v == 0) {
-              d = gv * others;
-            }
-          }
-          store(po, oi, d);
-        });
-      });
+  prod_grad_kernel<T>(p, px, pg, pm, po);
   return gx;
 }
 
@@ -441,22 +470,7 @@ named_array<T, Axes> extremum_grad(const named_array<T, Axes>& x, const named_ar
   const T* pg = g.data();
   const bool* pm = m.valid() ? m.data() : nullptr;
   T* po = gx.data();
-  Kokkos::parallel_for(
-      "haliax::extremum_grad", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
-        const auto ans = load(py, o);
-        std::int64_t ties = 0;
-        for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
-          if ((!pm || pm[om]) && load(px, oi) == ans) ++ties;
-        });
-        const double share = static_cast<double>(load(pg, o)) / static_cast<double>(ties);
-        for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
-          if (pm && !pm[om]) {
-            store(po, oi, 0.0);
-          } else {
-            store(po, oi, load(px, oi) == ans ? share : 0.0 * share);
-          }
-        });
-      });
+  extremum_grad_kernel<T>(p, px, py, pg, pm, po);
   return gx;
 }
 

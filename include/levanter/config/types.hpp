@@ -24,6 +24,8 @@
 // so the error can say what to use instead.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -151,7 +153,7 @@ struct unsupported_choice {
 /// Specialise with `static constexpr unsupported_choice names[]` for a Choice to list upstream types we refuse.
 template <class ChoiceT>
 struct unsupported_choices {
-  static constexpr unsupported_choice names[] = {{"", ""}};
+  static constexpr auto names = std::to_array<unsupported_choice>({{"", ""}});
 };
 
 }  // namespace levanter::config

@@ -54,13 +54,14 @@ struct Attention {
                            (std::optional<qk_norm_t>, q_norm), (std::optional<qk_norm_t>, k_norm));
 };
 
-/// Upstream LlamaMlp: down_proj(act(gate_proj(x)) * up_proj(x)).
+/// Upstream LlamaMlp: down_proj(act(gate_proj(x)) * up_proj(x)). (Not named `Mlp`, which would hide the Mlp
+/// axis inside it; nvcc's host pass cannot re-print such a hidden name.)
 template <class Pre = axes<>>
-struct Mlp {
+struct LlamaMlp {
   static constexpr std::string_view class_name = "LlamaMlp";
-  using in_t = Linear<axes<Embed>, axes<levanter::Mlp>, Pre>;
-  using out_t = Linear<axes<levanter::Mlp>, axes<Embed>, Pre>;
-  BOOST_HANA_DEFINE_STRUCT(Mlp, (in_t, gate_proj), (in_t, up_proj), (out_t, down_proj));
+  using in_t = Linear<axes<Embed>, axes<Mlp>, Pre>;
+  using out_t = Linear<axes<Mlp>, axes<Embed>, Pre>;
+  BOOST_HANA_DEFINE_STRUCT(LlamaMlp, (in_t, gate_proj), (in_t, up_proj), (out_t, down_proj));
 };
 
 /// Upstream LlamaDecoderLayer (hybrid_norm adds post_attn_layernorm and post_mlp_layernorm).
@@ -68,7 +69,7 @@ template <class Pre = axes<>>
 struct DecoderLayer {
   static constexpr std::string_view class_name = "LlamaDecoderLayer";
   using norm_t = nn::RmsNorm<Embed, Pre>;
-  BOOST_HANA_DEFINE_STRUCT(DecoderLayer, (Attention<Pre>, self_attn), (Mlp<Pre>, mlp), (norm_t, input_layernorm),
+  BOOST_HANA_DEFINE_STRUCT(DecoderLayer, (Attention<Pre>, self_attn), (LlamaMlp<Pre>, mlp), (norm_t, input_layernorm),
                            (norm_t, post_attention_layernorm), (std::optional<norm_t>, post_attn_layernorm),
                            (std::optional<norm_t>, post_mlp_layernorm));
 };

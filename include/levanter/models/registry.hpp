@@ -76,10 +76,10 @@ decltype(auto) with_model(const ModelChoice& choice, F&& f) {
 
 template <>
 struct levanter::config::unsupported_choices<levanter::ModelChoice> {
-  static constexpr unsupported_choice names[] = {
+  static constexpr auto names = std::to_array<unsupported_choice>({
       {"mixtral", "use type: mistral (dense) or llama"}, {"olmo2", "use type: llama"},
       {"gemma", "use type: llama"},     {"gemma2", "use type: llama"},  {"gemma3", "use type: llama"},
       {"whisper", "use type: gpt2 or llama"}, {"gpt2_hyena", "use type: gpt2"}, {"backpack", "use type: gpt2"},
       {"mpt", "use type: gpt2 or llama"},
-  };
+  });
 };

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include <haliax/core.hpp>
+#include <haliax/detail/portable.hpp>
 #include <haliax/detail/thread_pool.hpp>
 #include <haliax/tree.hpp>
 #include <levanter/distributed/comm.hpp>
@@ -279,7 +280,13 @@ class adamw {
     return haliax::tree::map(params, [](const std::string&, const auto& p) {
       detail::adamw::check_float_leaf<decltype(p)>();
       auto z = std::remove_cvref_t<decltype(p)>::allocate(p.sizes(), "levanter::optim::adamw::moment");
-      std::fill_n(z.data(), z.element_count(), 0.0f);
+      if constexpr (haliax::detail::host_memory) {
+        std::fill_n(z.data(), z.element_count(), 0.0f);
+      } else {
+        Kokkos::deep_copy(Kokkos::View<float*, haliax::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                              z.data(), static_cast<std::size_t>(z.element_count())),
+                          0.0f);
+      }
       return z;
     });
   }
@@ -421,7 +428,23 @@ class adamw {
     stats.learning_rate = schedule_(state.count);
     const double lr = stats.learning_rate;
 
-    const auto gsq = all_chunks(d::per_chunk(mine, [&](int64_t i) {
+    // This rank's chunks for the portable loop (every chunk's pointers in the arrays' memory space).
+    auto portable = [&](const d::consts& cs, d::chunk_job job, const std::vector<float>* slice_div, float mul) {
+      std::vector<d::chunk_ref> refs;
+      refs.reserve(mine);
+      for (std::size_t i = 0; i < mine; ++i) {
+        int64_t b, e;
+        const std::size_t ci = c_lo + i;
+        const auto l = ref(ci, b, e);
+        refs.push_back({l.p + b, l.g + b, l.m ? l.m + b : nullptr, l.v ? l.v + b : nullptr, e - b, l.decay,
+                        slice_div ? (*slice_div)[chunks[ci].slice] : 1.0f, mul});
+      }
+      return d::run_chunks_portable(cs, job, cfg_.nesterov, refs);
+    };
+    const bool host = haliax::detail::use_host_kernels();
+
+    const auto gsq = all_chunks(!host ? portable(d::consts{}, d::chunk_job::grad_squares, nullptr, 1.0f)
+                                      : d::per_chunk(mine, [&](int64_t i) {
       int64_t b, e;
       const auto l = ref(c_lo + static_cast<std::size_t>(i), b, e);
       double s = 0;
@@ -462,14 +485,16 @@ class adamw {
 
     double usum = 0;
     if (!cfg_.update_rms_clipping && !cfg_.clip_update_norm) {
-      const auto sq = all_chunks(d::per_chunk(mine, [&](int64_t i) {
+      const auto sq = all_chunks(!host ? portable(c, d::chunk_job::fused, nullptr, 1.0f)
+                                       : d::per_chunk(mine, [&](int64_t i) {
         int64_t b, e;
         const auto l = ref(c_lo + static_cast<std::size_t>(i), b, e);
         return d::dispatch<d::pass::fused>(c, l, b, e, 1.0f, 1.0f, nest);
       }));
       usum = total_of(sq);
     } else {
-      const auto sq = all_chunks(d::per_chunk(mine, [&](int64_t i) {
+      const auto sq = all_chunks(!host ? portable(c, d::chunk_job::moments, nullptr, 1.0f)
+                                       : d::per_chunk(mine, [&](int64_t i) {
         int64_t b, e;
         const auto l = ref(c_lo + static_cast<std::size_t>(i), b, e);
         return d::dispatch<d::pass::moments>(c, l, b, e, 1.0f, 1.0f, nest);
@@ -501,7 +526,8 @@ class adamw {
         if (norm > max_norm) mul = static_cast<float>(max_norm / std::max(norm, 1e-6));
         w.push(norm);
       }
-      const auto sq2 = all_chunks(d::per_chunk(mine, [&](int64_t i) {
+      const auto sq2 = all_chunks(!host ? portable(c, d::chunk_job::apply, &slice_div, mul)
+                                        : d::per_chunk(mine, [&](int64_t i) {
         int64_t b, e;
         const std::size_t ci = c_lo + static_cast<std::size_t>(i);
         const auto l = ref(ci, b, e);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace levanter::optim::detail::adamw {
 
@@ -42,5 +43,28 @@ enum class isa { baseline, avx2 };
 bool isa_available(isa which);
 double run_range_on(isa which, const consts& c, pass kind, bool nesterov, bool decay, float* p, const float* g,
                     float* m, float* v, int64_t n, float div, float mul);
+
+/// One chunk for the portable loop: its elements' pointers (in the arrays' memory space) and count, whether
+/// weight decay applies, and the apply pass's scale (u / div) * mul.
+struct chunk_ref {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  bool decay;
+  float div, mul;
+};
+
+/// What the portable loop computes per chunk: the sum of the gradient's squares, or one of the passes.
+enum class chunk_job { grad_squares, fused, moments, apply };
+
+/// The portable loop: Kokkos kernels in the default execution space's memory space (the only AdamW loop a
+/// CUDA build has; a host build runs it under HALIAX_PORTABLE_KERNELS=1). Returns each chunk's sum in chunk
+/// order. Per element it does the float operations of run_range in the same order, and it sums the squares
+/// in the same blocks and order (the gradient's squares: in double, element by element, as the host code
+/// does), so on a CPU its results are bitwise those of run_range (tested). A chunk holds at most 2^15 elements.
+std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nesterov,
+                                        const std::vector<chunk_ref>& chunks);
 
 }  // namespace levanter::optim::detail::adamw

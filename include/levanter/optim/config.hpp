@@ -170,12 +170,12 @@ struct levanter::config::schema<levanter::AdamConfig> {
 
 template <>
 struct levanter::config::unsupported_choices<levanter::OptimizerChoice> {
-  static constexpr unsupported_choice names[] = {
+  static constexpr auto names = std::to_array<unsupported_choice>({
       {"lion", "use type: adam"},     {"sophia-h", "use type: adam"}, {"muon", "use type: adam"},
       {"scion", "use type: adam"},    {"mars", "use type: adam"},     {"mini", "use type: adam"},
       {"adopt", "use type: adam"},    {"cautious", "use type: adam"}, {"rmsprop", "use type: adam"},
       {"soap", "use type: adam"},     {"kron", "use type: adam"},
-  };
+  });
 };
 
 // The YAML machinery of this section is compiled once, in src/optim/config.cpp.

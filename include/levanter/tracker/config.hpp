@@ -91,7 +91,7 @@ struct levanter::config::schema<levanter::TensorboardConfig> {
 };
 template <>
 struct levanter::config::unsupported_choices<levanter::TrackerChoice> {
-  static constexpr unsupported_choice names[] = {
+  static constexpr auto names = std::to_array<unsupported_choice>({
       {"trackio", "use type: json_logger"},
-  };
+  });
 };

@@ -1,0 +1,68 @@
+// Which kernels run: the host-tuned ones (the thread pool, OpenBLAS tiles, AVX loops) or the portable ones
+// (Kokkos kernels in the arrays' memory space, the only ones a CUDA build can run). Private.
+//
+// Arrays live in Kokkos::DefaultExecutionSpace's memory space. Where that is host memory, every op has a
+// host-tuned path and a portable path; the host path runs unless HALIAX_PORTABLE_KERNELS=1 is set, which makes
+// a CPU build run exactly the kernels a GPU build runs (the test suite does this, so the portable kernels are
+// checked on every CI run, not only on a machine with a GPU). In device memory only the portable path exists.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <cstdlib>
+
+namespace haliax::detail {
+
+/// Whether the arrays' memory is host memory (a Serial or OpenMP default execution space).
+inline constexpr bool host_memory =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
+
+/// Whether HALIAX_PORTABLE_KERNELS asks a host build to run the portable kernels (read once per process).
+inline bool portable_kernels_forced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("HALIAX_PORTABLE_KERNELS");
+    return e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0');
+  }();
+  return forced;
+}
+
+/// A test's override of the choice in this process: -1 none (the environment decides), 0 host kernels, 1 portable.
+inline int& portable_kernels_override() {
+  static int value = -1;
+  return value;
+}
+
+/// Whether the host-tuned kernels run: host memory and not forced onto the portable ones.
+inline bool use_host_kernels() {
+  if constexpr (!host_memory) {
+    return false;
+  } else {
+    const int o = portable_kernels_override();
+    return o < 0 ? !portable_kernels_forced() : o == 0;
+  }
+}
+
+/// Runs the portable kernels (or, with `portable` false, the host ones) until the scope ends; for tests that
+/// compare the two paths in one process. Not thread-safe: set it between ops, not while they run.
+class portable_kernels_scope {
+ public:
+  explicit portable_kernels_scope(bool portable = true) : saved_(portable_kernels_override()) {
+    portable_kernels_override() = portable ? 1 : 0;
+  }
+  ~portable_kernels_scope() { portable_kernels_override() = saved_; }
+  portable_kernels_scope(const portable_kernels_scope&) = delete;
+  portable_kernels_scope& operator=(const portable_kernels_scope&) = delete;
+
+ private:
+  int saved_;
+};
+
+/// Names variables so that a KOKKOS_LAMBDA captures them where this stands (see HALIAX_CAPTURE).
+template <class... X>
+KOKKOS_INLINE_FUNCTION void capture(const X&...) {}
+
+}  // namespace haliax::detail
+
+/// nvcc refuses an extended (__host__ __device__) lambda whose first capture of a variable is inside an
+/// `if constexpr` branch. HALIAX_CAPTURE(a, b) at the top of such a lambda's body captures them there instead;
+/// it compiles to nothing.
+#define HALIAX_CAPTURE(...) ::haliax::detail::capture(__VA_ARGS__)
