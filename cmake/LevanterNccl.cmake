@@ -1,4 +1,5 @@
-# The NCCL communicator (src/distributed/nccl.cpp, levanter/distributed/nccl.hpp): off unless -DLEVANTER_NCCL=ON.
+# The NCCL communicator (src/distributed/nccl.cpp, levanter/distributed/nccl.hpp): on with a CUDA Kokkos, else off
+# unless -DLEVANTER_NCCL=ON.
 #
 # Included by the top-level CMakeLists.txt once levanter_core is defined. When ON it finds the CUDA toolkit
 # (FindCUDAToolkit: CUDAToolkit_ROOT, or nvcc on PATH) and NCCL (nccl.h and libnccl under NCCL_ROOT, then the
@@ -7,7 +8,12 @@
 # whose make_nccl_communicator throws.
 include_guard(GLOBAL)
 
-option(LEVANTER_NCCL "Build the NCCL communicator (needs the CUDA toolkit and NCCL)" OFF)
+# On by default with a CUDA Kokkos (the arrays are then in device memory, which NCCL reduces in place).
+set(LEVANTER_NCCL_DEFAULT OFF)
+if(Kokkos_ENABLE_CUDA OR "CUDA" IN_LIST Kokkos_DEVICES)
+  set(LEVANTER_NCCL_DEFAULT ON)
+endif()
+option(LEVANTER_NCCL "Build the NCCL communicator (needs the CUDA toolkit and NCCL)" ${LEVANTER_NCCL_DEFAULT})
 if(NOT LEVANTER_NCCL)
   return()
 endif()

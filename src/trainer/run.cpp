@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include <haliax/core.hpp>
 #include <haliax/detail/gemm.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/config/yaml.hpp>

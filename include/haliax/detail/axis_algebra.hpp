@@ -30,9 +30,14 @@ using to_list = typename to_list_impl<Axes>::type;
 // before checking the function's constraints (clang 14).
 template <class L>
 struct to_axes_impl {};
+/// The tag object of type T, as a named constant: `axes<tag_v<T>...>` is the same type as `axes<T{}...>`, but
+/// a compiler that prints it back as source (nvcc's host pass does, for every function body) prints a name
+/// rather than an aggregate literal it cannot parse again.
+template <class T>
+inline constexpr T tag_v{};
 template <class... T>
 requires(AxisTag<T>&&...) && DistinctAxisNames<T...> struct to_axes_impl<mp::mp_list<T...>> {
-  using type = axes<T{}...>;
+  using type = axes<tag_v<T>...>;
 };
 /// mp_list of tag types -> `axes<...>`.
 template <class L>

@@ -87,16 +87,33 @@ inline constexpr bool subset_v = haliax::detail::subset_v<L1, L2>;
 template <class AxA, class AxB>
 inline constexpr std::size_t only_in_v = mp::mp_size<minus<list_of<AxA>, list_of<AxB>>>::value;
 
-/// A [QPos, KPos] bool array with element (i, j) = allowed(i, j).
-template <class QP, class KP, class F>
-array_for<bool, sized_axis<QP>, sized_axis<KP>> position_mask(const char* label, std::int64_t nq, std::int64_t nk, F allowed) {
-  auto m = array_for<bool, sized_axis<QP>, sized_axis<KP>>::allocate({nq, nk}, label);
-  bool* p = m.data();
+/// Which keys a query sees, as functors (not lambdas: the kernel below must not be named after an axis list).
+struct causal_allowed {
+  std::int64_t off;
+  KOKKOS_INLINE_FUNCTION bool operator()(std::int64_t i, std::int64_t j) const { return j <= i + off; }
+};
+struct window_allowed {
+  std::int64_t off, window;
+  KOKKOS_INLINE_FUNCTION bool operator()(std::int64_t i, std::int64_t j) const {
+    return j <= i + off && j > i + off - window;
+  }
+};
+
+/// p[i * nk + j] = allowed(i, j) (an axis-free function, for nvcc: see haliax::detail::fill_raw).
+template <class F>
+void position_mask_kernel(const char* label, bool* p, std::int64_t nq, std::int64_t nk, F allowed) {
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<execution_space>(0, nq * nk), KOKKOS_LAMBDA(std::int64_t idx) {
         const std::int64_t i = idx / nk, j = idx - (idx / nk) * nk;
         p[idx] = allowed(i, j);
       });
+}
+
+/// A [QPos, KPos] bool array with element (i, j) = allowed(i, j).
+template <class QP, class KP, class F>
+array_for<bool, sized_axis<QP>, sized_axis<KP>> position_mask(const char* label, std::int64_t nq, std::int64_t nk, F allowed) {
+  auto m = array_for<bool, sized_axis<QP>, sized_axis<KP>>::allocate({nq, nk}, label);
+  position_mask_kernel(label, m.data(), nq, nk, allowed);
   return m;
 }
 
@@ -113,8 +130,7 @@ requires(!std::is_same_v<QP, KP>) array_for<bool, sized_axis<QP>, sized_axis<KP>
                                                                                   std::int64_t k_start = 0) {
   const std::int64_t off = q_start - k_start;
   return detail::attn::position_mask<QP, KP>(
-      "haliax::nn::causal_mask", qpos.size, kpos.size,
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { return j <= i + off; });
+      "haliax::nn::causal_mask", qpos.size, kpos.size, detail::attn::causal_allowed{off});
 }
 
 /// Sliding-window causal mask: bool {QPos, KPos}, true where the key's absolute position lies in
@@ -129,8 +145,7 @@ requires(!std::is_same_v<QP, KP>) array_for<bool, sized_axis<QP>, sized_axis<KP>
                                 std::to_string(window));
   const std::int64_t off = q_start - k_start;
   return detail::attn::position_mask<QP, KP>(
-      "haliax::nn::sliding_window_mask", qpos.size, kpos.size,
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { return j <= i + off && j > i + off - window; });
+      "haliax::nn::sliding_window_mask", qpos.size, kpos.size, detail::attn::window_allowed{off, window});
 }
 
 /// Query and key segment-id arrays that `segment_mask` accepts: exactly one axis of the key ids (the key

@@ -904,7 +904,7 @@ concept HiddenFor = AxisOf<E, AxH> && !detail::has_axis_v<AxH, Vc>;
 
 /// An lm-head weight with exactly the axes {Vc, E}, in either order.
 template <class AxW, class E, class Vc>
-concept LmHeadFor = detail::same_axis_set_v<AxW, axes<E{}, Vc{}>>;
+concept LmHeadFor = detail::same_axis_set_v<AxW, axes<haliax::detail::tag_v<E>, haliax::detail::tag_v<Vc>>>;
 
 /// Cross-entropy of the logits dot(hidden, lm_head, E) along the vocabulary axis `Vc` against class ids,
 /// computed block by block over the vocabulary so that the [tokens, vocab] logits are never held (upstream
@@ -924,7 +924,7 @@ auto blockwise_cross_entropy_loss(const named_array<T, AxH>& hidden, const named
                                   R reduction = {}, double z_loss_weight = 0.0) {
   using Tok = detail::without_t<AxH, E>;
   using HL = detail::with_last_t<Tok, E>;
-  using WL = axes<Vc{}, E{}>;
+  using WL = axes<haliax::detail::tag_v<Vc>, haliax::detail::tag_v<E>>;
   haliax::detail::check_shared_sizes("haliax::nn::blockwise_cross_entropy_loss", hidden, lm_head);
   haliax::detail::check_shared_sizes("haliax::nn::blockwise_cross_entropy_loss", hidden, targets);
   return detail::blockwise_cross_entropy<R, Tok>(hidden, lm_head, detail::in_order<HL>(hidden),
@@ -945,7 +945,7 @@ auto blockwise_cross_entropy_loss(const named_array<T, AxH>& hidden, const named
                                   std::int64_t block_size, R reduction = {}, double z_loss_weight = 0.0) {
   using Tok = detail::without_t<AxH, E>;
   using HL = detail::with_last_t<Tok, E>;
-  using WL = axes<Vc{}, E{}>;
+  using WL = axes<haliax::detail::tag_v<Vc>, haliax::detail::tag_v<E>>;
   haliax::detail::check_shared_sizes("haliax::nn::blockwise_cross_entropy_loss", hidden, lm_head);
   haliax::detail::check_shared_sizes("haliax::nn::blockwise_cross_entropy_loss", hidden, targets);
   haliax::detail::check_shared_sizes("haliax::nn::blockwise_cross_entropy_loss", hidden, where.mask);

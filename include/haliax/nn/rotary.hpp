@@ -126,8 +126,8 @@ inline double rope_attention_scaling(const rope_spec& s) {
 /// angles position * inv_freq, times the attention scaling.
 template <AxisTag P, AxisTag H>
 struct rope_table {
-  named_array<float, axes<P{}, H{}>> cos;
-  named_array<float, axes<P{}, H{}>> sin;
+  named_array<float, axes<haliax::detail::tag_v<P>, haliax::detail::tag_v<H>>> cos;
+  named_array<float, axes<haliax::detail::tag_v<P>, haliax::detail::tag_v<H>>> sin;
 };
 
 template <AxisTag P, AxisTag H>

@@ -59,8 +59,8 @@ struct Attention {
 template <class Pre = axes<>>
 struct LlamaMlp {
   static constexpr std::string_view class_name = "LlamaMlp";
-  using in_t = Linear<axes<Embed>, axes<Mlp>, Pre>;
-  using out_t = Linear<axes<Mlp>, axes<Embed>, Pre>;
+  using in_t = Linear<axes<Embed>, levanter::mlp_axes, Pre>;
+  using out_t = Linear<levanter::mlp_axes, axes<Embed>, Pre>;
   BOOST_HANA_DEFINE_STRUCT(LlamaMlp, (in_t, gate_proj), (in_t, up_proj), (out_t, down_proj));
 };
 

@@ -42,6 +42,9 @@ inline constexpr struct HeadSize final : hax::axis<"head_size"> {
 } HeadSize;
 inline constexpr struct Mlp final : hax::axis<"mlp"> {
 } Mlp;
+/// `axes<Mlp>` named once here: in a scope where another `Mlp` is visible (Llama's MLP struct), nvcc's host pass
+/// would re-resolve a spelled `axes<Mlp>` to that one.
+using mlp_axes = haliax::axes<Mlp>;
 inline constexpr struct Vocab final : hax::axis<"vocab"> {
 } Vocab;
 inline constexpr struct Layers final : hax::axis<"layers"> {
