@@ -315,7 +315,9 @@ struct unbroadcast_plan {
 // unbroadcast's kernels (axis-free functions, for nvcc: see haliax::detail::fill_raw).
 template <class T>
 void unbroadcast_rows(const T* pg, T* po, std::int64_t cols, std::int64_t rows) {
-      constexpr std::int64_t block = 512;
+      // Columns per work item: 512 on the host (a row segment vectorises), one on a device (neighbouring
+      // threads read neighbouring columns). Each column is summed over the rows in order either way.
+      constexpr std::int64_t block = host_memory ? 512 : 1;
       const std::int64_t nblocks = (cols + block - 1) / block;
       Kokkos::parallel_for(
           "haliax::unbroadcast_rows", Kokkos::RangePolicy<execution_space>(0, nblocks), KOKKOS_LAMBDA(std::int64_t b) {

@@ -192,7 +192,7 @@ void add_rows(const char* label, T* dst, std::int64_t dst_row, const T* src, std
 template <class T>
 void unslab_kernel(const char* label, const T* src, T* po, std::int64_t rows, std::int64_t dst_w, std::int64_t src_w,
                    std::int64_t c0, std::int64_t c1, std::int64_t shift) {
-  constexpr std::int64_t block = 4096;
+  constexpr std::int64_t block = host_memory ? 4096 : 1;  // elements per work item: runs on the host, one on a device
   const std::int64_t nb = (dst_w + block - 1) / block;
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<execution_space>(0, rows * nb), KOKKOS_LAMBDA(std::int64_t t) {
