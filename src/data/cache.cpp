@@ -403,6 +403,10 @@ struct token_cache::state {
       detail::read_all(offsets_fd_, &last, 8, (rows - 1) * 8, offsets_path());
       if (last != toks)
         throw data_error("cache '" + dir_ + "' is damaged: offsets and ledger disagree; delete it to rebuild");
+    } else if (toks != 0) {
+      // Tokens but no row to hold them (a fuzz finding): the rows would not tile the tokens.
+      throw data_error("cache '" + dir_ + "' is damaged: its ledger counts " + std::to_string(toks) +
+                       " tokens but no rows; delete it to rebuild");
     }
     check_committed_ids(toks);
     text_bytes_ = ledger_.value("text_bytes", std::int64_t{0});
