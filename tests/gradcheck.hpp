@@ -4,8 +4,7 @@
 //   check_gradient([](const auto& x) { return haliax::sum(haliax::tanh(x)); }, x);   // x: double array
 //   check_output_gradient([](const auto& x) { return haliax::nn::softmax(x, Vocab); }, x);
 //
-// `x` may be an array or a module (every double leaf is perturbed). Host memory is assumed (tests run on the
-// host backend).
+// `x` may be an array or a module (every double leaf is perturbed), in host or device memory.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -18,6 +17,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "host_io.hpp"
 
 namespace gradcheck {
 
@@ -57,15 +58,24 @@ void check_gradient(const F& f, const M& x, tolerance tol = {}) {
     if constexpr (std::is_same_v<typename L::value_type, double>) {
       const auto& analytic = grads[k++].second;
       REQUIRE(static_cast<std::int64_t>(analytic.size()) == leaf.element_count());
-      double* p = leaf.data();
+      // Host memory is perturbed in place; device memory (a CUDA build) through a host copy of the leaf.
+      std::vector<double> host;
+      if constexpr (!haliax::detail::host_memory) host = leaf.to_host();
+      double* p = haliax::detail::host_memory ? leaf.data() : host.data();
+      auto sync = [&] {
+        if constexpr (!haliax::detail::host_memory) host_io::write_elements(leaf, host);
+      };
       for (std::int64_t i = 0; i < leaf.element_count(); ++i) {
         const double saved = p[i];
         const double h = tol.eps * std::max(1.0, std::abs(saved));
         p[i] = saved + h;
+        sync();
         const double up = eval(f, probe);
         p[i] = saved - h;
+        sync();
         const double down = eval(f, probe);
         p[i] = saved;
+        sync();
         const double numeric = (up - down) / (2 * h);
         const double a = analytic[static_cast<std::size_t>(i)];
         const bool ok = std::abs(a - numeric) <= tol.atol + tol.rtol * std::max(std::abs(a), std::abs(numeric)) +
@@ -84,7 +94,7 @@ haliax::named_array<T, Axes> cotangent_like(const haliax::named_array<T, Axes>& 
   std::vector<T> v(static_cast<std::size_t>(y.element_count()));
   for (auto& e : v) e = static_cast<T>(dist(gen));
   auto w = haliax::empty_like(y);
-  for (std::size_t i = 0; i < v.size(); ++i) w.data()[i] = v[i];
+  host_io::write_elements(w, v);
   return w;
 }
 

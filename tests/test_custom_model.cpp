@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <levanter/levanter.hpp>
+#include "host_io.hpp"
 
 namespace fs = std::filesystem;
 namespace hax = haliax;
@@ -207,7 +208,7 @@ TEST_CASE("custom model: its gradients match finite differences through the gene
         hax::tree::for_each_leaf(m, [&](const std::string& n2, auto& l2) {
           if (n2 != name) return;
           auto fresh = std::remove_cvref_t<decltype(l2)>::allocate(l2.sizes(), "fd");
-          std::copy(host.begin(), host.end(), fresh.data());
+          host_io::write_elements(fresh, host);
           l2 = fresh;
         });
         return loss_of(m);

@@ -11,6 +11,7 @@
 #include <levanter/models/gpt2.hpp>
 
 #include "h5_golden.hpp"
+#include "host_io.hpp"
 
 namespace {
 
@@ -44,7 +45,7 @@ void load(LMHeadModel& m, const h5golden::file& f, const std::string& group) {
     std::vector<std::int64_t> dims;
     auto v = f.floats(group + h5_name(name), &dims);
     REQUIRE(std::vector<std::int64_t>(leaf.sizes().begin(), leaf.sizes().end()) == dims);
-    std::copy(v.begin(), v.end(), leaf.data());
+    host_io::write_elements(leaf, v);
   });
 }
 

@@ -12,6 +12,8 @@
 #include <levanter/optim/adamw.hpp>
 #include <levanter/optim/schedule.hpp>
 #include <levanter/optim/weight_decay.hpp>
+
+#include "host_io.hpp"
 #include <map>
 #include <random>
 #include <nlohmann/json.hpp>
@@ -256,9 +258,7 @@ toy make_toy(int64_t vocab, int64_t embed, int64_t hidden, int64_t out, int64_t 
 
 toy clone(const toy& m) {
   return hax::tree::map(m, [](const std::string&, const auto& x) {
-    auto y = std::remove_cvref_t<decltype(x)>::allocate(x.sizes());
-    std::copy_n(x.data(), x.element_count(), y.data());
-    return y;
+    return hax::copy(x);
   });
 }
 
@@ -267,7 +267,7 @@ void set_leaves(toy& m, const std::map<std::string, std::vector<float>>& values)
     auto it = values.find(name);
     REQUIRE_MESSAGE(it != values.end(), "golden has no values for " << name);
     REQUIRE(static_cast<int64_t>(it->second.size()) == leaf.element_count());
-    std::copy(it->second.begin(), it->second.end(), leaf.data());
+    host_io::write_elements(leaf, it->second);
   });
 }
 
@@ -545,7 +545,9 @@ void fill_random(toy& m, unsigned seed, float scale = 1.0f) {
   hax::tree::for_each_leaf(m, [&](const std::string&, auto& leaf) {
     std::mt19937 gen(seed++);
     std::normal_distribution<float> d(0.0f, scale);
-    for (int64_t i = 0; i < leaf.element_count(); ++i) leaf.data()[i] = d(gen);
+    std::vector<float> v(static_cast<std::size_t>(leaf.element_count()));
+    for (auto& e : v) e = d(gen);
+    host_io::write_elements(leaf, v);
   });
 }
 

@@ -16,6 +16,7 @@
 #include <levanter/models/gpt2.hpp>
 
 #include "h5_golden.hpp"
+#include "host_io.hpp"
 
 namespace {
 
@@ -189,7 +190,7 @@ TEST_CASE("bf16 matmul: GPT-2 under p=f32,c=bfloat16 matches upstream Levanter's
     std::vector<std::int64_t> dims;
     auto v = f.floats("params/" + h5_name(name), &dims);
     REQUIRE(std::vector<std::int64_t>(leaf.sizes().begin(), leaf.sizes().end()) == dims);
-    std::copy(v.begin(), v.end(), leaf.data());
+    host_io::write_elements(leaf, v);
   });
   std::vector<std::int64_t> dims;
   auto t = base.ints("batch/tokens", &dims);

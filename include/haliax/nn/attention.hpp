@@ -59,6 +59,7 @@
 #include "../detail/math.hpp"
 #include "../detail/portable.hpp"
 #include "../detail/profile.hpp"
+#include "../detail/row_team.hpp"
 #include "../detail/thread_pool.hpp"
 #include "../ops/dot.hpp"
 #include "../ops/elementwise.hpp"
@@ -841,8 +842,8 @@ void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o,
 // The same function as `forward` and `backward`, written as Kokkos kernels that touch only the arrays' memory
 // space: one team member per query row (forward, dQ) or key row (dK, dV), walking its visible partners in index
 // order, its vector lanes splitting the head dimension (dot products are vector-level reductions over
-// `portable_lanes` lanes, a constant of the build: lane l sums the columns l, l + lanes, ... in order, then the
-// lane sums combine in the backend's fixed pattern). So every output's sums have one fixed order: no atomics,
+// `row_lanes` lanes, a constant of the build (haliax/detail/row_team.hpp): lane l sums the columns l,
+// l + lanes, ... in order, then the lane sums combine in the backend's fixed pattern). So every output's sums have one fixed order: no atomics,
 // nothing depends on the thread count. On host backends (one lane) every sum runs in index order. The tiling of
 // the host kernels is not reproduced: results agree with them to rounding, not bitwise. Segment ids are read
 // per element inside the kernels (never on the host).
@@ -890,24 +891,9 @@ inline portable_mask mask_of(const geometry& g) {
 }
 
 using portable_policy = Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>;
-using portable_team_policy = Kokkos::TeamPolicy<execution_space>;
-using portable_member = portable_team_policy::member_type;
-
-/// Vector lanes per row (a warp on a GPU, one on the host) and rows per team: constants of the build, so
-/// that no summation order depends on the thread count.
-inline constexpr int portable_lanes = haliax::detail::host_memory ? 1 : 32;
-inline constexpr int portable_rows_per_team = haliax::detail::host_memory ? 1 : 4;
-
-/// A team policy with one team member (of `portable_lanes` lanes) per row, for `rows` rows.
-inline portable_team_policy row_policy(std::int64_t rows) {
-  const std::int64_t teams = (rows + portable_rows_per_team - 1) / portable_rows_per_team;
-  return portable_team_policy(static_cast<int>(teams), portable_rows_per_team, portable_lanes);
-}
-
-/// The row a team member owns under `row_policy`.
-KOKKOS_INLINE_FUNCTION std::int64_t row_of(const portable_member& t) {
-  return static_cast<std::int64_t>(t.league_rank()) * portable_rows_per_team + t.team_rank();
-}
+using portable_member = haliax::detail::row_member;
+using haliax::detail::row_of;
+using haliax::detail::row_policy;
 
 /// sum_c a[c] b[c] over the member's vector lanes (each lane in index order, then the lanes' fixed pattern);
 /// every lane gets the sum.

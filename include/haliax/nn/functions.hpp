@@ -37,6 +37,7 @@
 #include "../core.hpp"
 #include "../detail/math.hpp"
 #include "../detail/profile.hpp"
+#include "../detail/row_team.hpp"
 #include "../detail/thread_pool.hpp"
 #include "../ops/elementwise.hpp"
 
@@ -912,12 +913,67 @@ axis_split split_at(const std::array<std::int64_t, N>& sizes) {
   return s;
 }
 
+/// The portable path's contiguous rows (inner == 1): one team member per row, its lanes splitting the row
+/// (haliax/detail/row_team.hpp), the passes of `row_op` as lane reductions and lane loops. The exp is the
+/// general one (NaN and +inf propagate as in `row_op`'s general case); an all -inf row takes lane_max's lowest
+/// finite value as its max, which gives row_op's results (NaN for softmax and log_softmax, -inf for logsumexp).
+template <axis_op Op, class T>
+void row_team_op(const char* label, const T* x, T* y, T* out, std::int64_t outer, std::int64_t n,
+                 compute_t<T> param) {
+  using V = compute_t<T>;
+  namespace hd = haliax::detail;
+  Kokkos::parallel_for(label, hd::row_policy(outer), KOKKOS_LAMBDA(const hd::row_member& t) {
+    HALIAX_CAPTURE(x, y, out, param, n);
+    const std::int64_t o = hd::row_of(t);
+    if (o >= outer) return;
+    const T* xr = x + o * n;
+    T* yr = Op == axis_op::logsumexp ? nullptr : y + o * n;
+    if constexpr (Op == axis_op::standardize) {
+      const V mean = hd::lane_sum<V>(t, n, [&](std::int64_t j) { return ld(xr, j); }) / static_cast<V>(n);
+      const V var = hd::lane_sum<V>(t, n, [&](std::int64_t j) {
+                      const V d = ld(xr, j) - mean;
+                      return d * d;
+                    }) / static_cast<V>(n);
+      const V scale = V(1) / haliax::detail::math::sqrt(var + param);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n),
+                           [&](std::int64_t j) { st(yr, j, (ld(xr, j) - mean) * scale); });
+    } else {
+      const V m = shift_for<Op>(hd::lane_max<V>(t, n, [&](std::int64_t j) { return ld(xr, j); }));
+      // softmax into float or double writes the exps in the sum pass and rescales them, as row_op does
+      constexpr bool store_exp = Op == axis_op::softmax && std::is_same_v<T, V>;
+      const V s = hd::lane_sum<V>(t, n, [&](std::int64_t j) {
+        const V e = fast_exp(ld(xr, j) - m);
+        if constexpr (store_exp) yr[j] = e;
+        return e;
+      });
+      if constexpr (Op == axis_op::logsumexp) {
+        Kokkos::single(Kokkos::PerThread(t), [&] { st(out, o, m + haliax::detail::math::log(s)); });
+      } else if constexpr (Op == axis_op::log_softmax) {
+        const V ls = haliax::detail::math::log(s);
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n),
+                             [&](std::int64_t j) { st(yr, j, (ld(xr, j) - m) - ls); });
+      } else if constexpr (store_exp) {
+        const V r = V(1) / s;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n), [&](std::int64_t j) { yr[j] *= r; });
+      } else {
+        const V r = V(1) / s;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n),
+                             [&](std::int64_t j) { st(yr, j, fast_exp(ld(xr, j) - m) * r); });
+      }
+    }
+  });
+}
+
 /// Runs an axis-wise op over x (split into outer x n x inner). `y` has x's shape (null for logsumexp);
 /// `out` has shape outer x inner (logsumexp only).
 template <axis_op Op, class T>
 void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, compute_t<T> param = {}) {
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0) return;
+  if (inner == 1 && !haliax::detail::use_host_kernels()) {
+    row_team_op<Op>(label, x, y, out, outer, n, param);
+    return;
+  }
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   constexpr bool host = std::is_same_v<haliax::memory_space, Kokkos::HostSpace>;
   if (inner == 1) {
@@ -1270,6 +1326,53 @@ __attribute__((target("avx2,fma,bmi,bmi2,f16c"))) void block_grad_avx2(const T* 
 }
 #endif
 
+/// The portable path's contiguous rows of a backward (inner == 1): one team member per row, as `row_team_op`;
+/// the formulas of `row_grad`.
+template <grad_op Op, class T>
+void row_team_grad(const char* label, const T* a, const T* g, const T* z, T* dx, std::int64_t outer,
+                   std::int64_t n, compute_t<T> param) {
+  using V = compute_t<T>;
+  namespace hd = haliax::detail;
+  Kokkos::parallel_for(label, hd::row_policy(outer), KOKKOS_LAMBDA(const hd::row_member& t) {
+    HALIAX_CAPTURE(a, g, z, dx, param, n);
+    const std::int64_t o = hd::row_of(t);
+    if (o >= outer) return;
+    const T* ar = a + o * n;
+    T* dr = dx + o * n;
+    if constexpr (Op == grad_op::logsumexp) {
+      const V zv = ld(z, o), gv = ld(g, o);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n), [&](std::int64_t j) {
+        st(dr, j, zv == neg_inf<V>() ? V(0) : fast_exp(ld(ar, j) - zv) * gv);
+      });
+    } else {
+      const T* gr = g + o * n;
+      if constexpr (Op == grad_op::softmax) {
+        const V s = hd::lane_sum<V>(t, n, [&](std::int64_t j) { return ld(ar, j) * ld(gr, j); });
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n),
+                             [&](std::int64_t j) { st(dr, j, ld(ar, j) * (ld(gr, j) - s)); });
+      } else if constexpr (Op == grad_op::log_softmax) {
+        const V s = hd::lane_sum<V>(t, n, [&](std::int64_t j) { return ld(gr, j); });
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n),
+                             [&](std::int64_t j) { st(dr, j, ld(gr, j) - fast_exp(ld(ar, j)) * s); });
+      } else {
+        const V inv_n = V(1) / static_cast<V>(n);
+        const V mean = hd::lane_sum<V>(t, n, [&](std::int64_t j) { return ld(ar, j); }) * inv_n;
+        const V var = hd::lane_sum<V>(t, n, [&](std::int64_t j) {
+                        const V d = ld(ar, j) - mean;
+                        return d * d;
+                      }) * inv_n;
+        const V r = V(1) / haliax::detail::math::sqrt(var + param);
+        const V mg = hd::lane_sum<V>(t, n, [&](std::int64_t j) { return ld(gr, j); }) * inv_n;
+        const V mgy = hd::lane_sum<V>(t, n, [&](std::int64_t j) { return ld(gr, j) * ((ld(ar, j) - mean) * r); }) *
+                      inv_n;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, n), [&](std::int64_t j) {
+          st(dr, j, r * (ld(gr, j) - mg - ((ld(ar, j) - mean) * r) * mgy));
+        });
+      }
+    }
+  });
+}
+
 /// Runs a backward over arrays split as outer x n x inner: `a`, `g` and `dx` have the full shape, except that
 /// for logsumexp `g` and `z` have the reduced shape outer x inner.
 template <grad_op Op, class T>
@@ -1277,6 +1380,10 @@ void run_axis_grad(const char* label, const T* a, const T* g, const T* z, T* dx,
                    compute_t<T> param = {}) {
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0 || n == 0) return;
+  if (inner == 1 && !haliax::detail::use_host_kernels()) {
+    row_team_grad<Op>(label, a, g, z, dx, outer, n, param);
+    return;
+  }
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   constexpr bool reduced = Op == grad_op::logsumexp;
   constexpr bool host = std::is_same_v<haliax::memory_space, Kokkos::HostSpace>;

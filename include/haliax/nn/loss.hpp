@@ -32,6 +32,7 @@
 #include "../core.hpp"
 #include "../detail/ad.hpp"
 #include "../detail/gemm.hpp"
+#include "../detail/row_team.hpp"
 #include "../ops/elementwise.hpp"
 #include "../ops/reduction.hpp"
 #include "functions.hpp"
@@ -338,6 +339,63 @@ HALIAX_NN_INLINE void ce_grad_row_isa(host_isa isa, const T* x, const T* t, std:
 template <class Tgt>
 inline constexpr bool dense_targets_v = !std::is_same_v<Tgt, std::int32_t>;
 
+/// The portable path's forward over contiguous rows (inner == 1): one team member per token, its lanes
+/// splitting the row (haliax/detail/row_team.hpp); the strided path's formulas (shift, sum of exps, log).
+template <class T, class Tgt>
+void ce_forward_team(const T* x, const Tgt* tg, std::int64_t rows, std::int64_t n, compute_t<T>* lse,
+                     compute_t<T>* ce, compute_t<T>* ts) {
+  using V = compute_t<T>;
+  namespace hd = haliax::detail;
+  Kokkos::parallel_for(
+      "haliax::nn::cross_entropy", hd::row_policy(rows), KOKKOS_LAMBDA(const hd::row_member& t) {
+        HALIAX_CAPTURE(tg, lse, ce, ts, n);
+        const std::int64_t r = hd::row_of(t);
+        if (r >= rows) return;
+        const T* xr = x + r * n;
+        const V m = safe_shift(hd::lane_max<V>(t, n, [&](std::int64_t j) { return ld(xr, j); }));
+        const V z = m + haliax::detail::math::log(
+                            hd::lane_sum<V>(t, n, [&](std::int64_t j) { return fast_exp(ld(xr, j) - m); }));
+        if constexpr (dense_targets_v<Tgt>) {
+          const Tgt* tr = tg + r * n;
+          const V tx = hd::lane_sum<V>(t, n, [&](std::int64_t j) { return ld(tr, j) * ld(xr, j); });
+          const V tsum = hd::lane_sum<V>(t, n, [&](std::int64_t j) { return ld(tr, j); });
+          Kokkos::single(Kokkos::PerThread(t), [&] {
+            lse[r] = z;
+            ce[r] = z * tsum - tx;
+            ts[r] = tsum;
+          });
+        } else {
+          Kokkos::single(Kokkos::PerThread(t), [&] {
+            const std::int64_t c = tg[r];
+            lse[r] = z;
+            ce[r] = c >= 0 && c < n ? z - ld(xr, c) : V(0);
+          });
+        }
+      });
+}
+
+/// The portable path's backward: one work item per logit (coalesced on a GPU), the strided path's formulas.
+template <class T, class Tgt>
+void ce_backward_flat(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* lse, const compute_t<T>* ca,
+                      const compute_t<T>* c, T* dx, T* dt) {
+  using V = compute_t<T>;
+  const std::int64_t n = sp.n, inner = sp.inner, per = n * inner;
+  Kokkos::parallel_for(
+      "haliax::nn::cross_entropy_grad", Kokkos::RangePolicy<execution_space>(0, sp.outer * per),
+      KOKKOS_LAMBDA(std::int64_t e) {
+        HALIAX_CAPTURE(tg, dx, dt, c);
+        const std::int64_t o = e / per, rem = e - o * per, j = rem / inner, r = o * inner + (rem - j * inner);
+        const V v = ld(x, e);
+        const V p = ca[r] == V(0) ? V(0) : ca[r] * fast_exp(v - lse[r]);
+        if constexpr (dense_targets_v<Tgt>) {
+          st(dx, e, p - c[r] * ld(tg, e));
+          if (dt) st(dt, e, c[r] * (lse[r] - v));
+        } else {
+          st(dx, e, tg[r] == j ? p - c[r] : p);
+        }
+      });
+}
+
 /// Forward: per token the log-normaliser lse, the cross-entropy term ce (without z-loss) and, for
 /// distributions, the targets' sum ts.
 template <class T, class Tgt>
@@ -345,6 +403,10 @@ void ce_forward(const T* x, const Tgt* tg, axis_split sp, compute_t<T>* lse, com
   using V = compute_t<T>;
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0) return;
+  if (inner == 1 && !haliax::detail::use_host_kernels()) {
+    ce_forward_team(x, tg, outer, n, lse, ce, ts);
+    return;
+  }
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   if (inner == 1) {
     Kokkos::parallel_for(
@@ -425,6 +487,10 @@ void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* l
   using V = compute_t<T>;
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0 || n == 0) return;
+  if (!haliax::detail::use_host_kernels()) {
+    ce_backward_flat(x, tg, sp, lse, ca, c, dx, dt);
+    return;
+  }
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   if (inner == 1) {
     bool stream = false;  // large float outputs skip the cache, as in the softmax family

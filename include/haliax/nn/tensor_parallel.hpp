@@ -43,7 +43,8 @@ inline const tensor_parallel*& current() {
 template <class T, class Axes>
 named_array<T, Axes> copy_of(const named_array<T, Axes>& x) {
   auto y = named_array<T, Axes>::allocate(x.sizes(), "haliax::tensor_parallel");
-  std::copy(x.data(), x.data() + x.element_count(), y.data());
+  const std::pair<std::size_t, std::size_t> all(0, static_cast<std::size_t>(x.element_count()));
+  Kokkos::deep_copy(Kokkos::subview(y.view(), all), Kokkos::subview(x.view(), all));  // host or device memory
   return y;
 }
 
