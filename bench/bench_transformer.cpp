@@ -4,8 +4,9 @@
 // rate, and the whole step's rate counting the block's matmul FLOPs (6 x tokens x parameters) plus attention.
 #include <haliax/haliax.hpp>
 
-#include "../tests/toy_transformer.hpp"
 #include "bench_common.hpp"
+// after bench_common.hpp: the other order makes nvcc 13 mis-print bench_common.hpp's GEMM-shape functions
+#include "../tests/toy_transformer.hpp"
 
 namespace {
 using namespace toy;
