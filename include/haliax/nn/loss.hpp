@@ -374,7 +374,23 @@ void ce_forward_team(const T* x, const Tgt* tg, std::int64_t rows, std::int64_t 
       });
 }
 
-/// The portable path's backward: one work item per logit (coalesced on a GPU), the strided path's formulas.
+/// The backward at logit e (token r, class j): dx, and dt for distributions when not null.
+template <class T, class Tgt>
+HALIAX_NN_INLINE void ce_grad_element(const T* x, const Tgt* tg, const compute_t<T>* lse, const compute_t<T>* ca,
+                                      const compute_t<T>* c, T* dx, T* dt, std::int64_t e, std::int64_t r,
+                                      std::int64_t j) {
+  using V = compute_t<T>;
+  const V v = ld(x, e);
+  const V p = ca[r] == V(0) ? V(0) : ca[r] * fast_exp(v - lse[r]);
+  if constexpr (dense_targets_v<Tgt>) {
+    st(dx, e, p - c[r] * ld(tg, e));
+    if (dt) st(dt, e, c[r] * (lse[r] - v));
+  } else {
+    st(dx, e, tg[r] == j ? p - c[r] : p);
+  }
+}
+
+/// The portable path's backward: one work item per logit (coalesced on a GPU).
 template <class T, class Tgt>
 void ce_backward_flat(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* lse, const compute_t<T>* ca,
                       const compute_t<T>* c, T* dx, T* dt) {
@@ -385,14 +401,7 @@ void ce_backward_flat(const T* x, const Tgt* tg, axis_split sp, const compute_t<
       KOKKOS_LAMBDA(std::int64_t e) {
         HALIAX_CAPTURE(tg, dx, dt, c);
         const std::int64_t o = e / per, rem = e - o * per, j = rem / inner, r = o * inner + (rem - j * inner);
-        const V v = ld(x, e);
-        const V p = ca[r] == V(0) ? V(0) : ca[r] * fast_exp(v - lse[r]);
-        if constexpr (dense_targets_v<Tgt>) {
-          st(dx, e, p - c[r] * ld(tg, e));
-          if (dt) st(dt, e, c[r] * (lse[r] - v));
-        } else {
-          st(dx, e, tg[r] == j ? p - c[r] : p);
-        }
+        ce_grad_element(x, tg, lse, ca, c, dx, dt, e, r, j);
       });
 }
 
@@ -524,14 +533,7 @@ void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* l
         for (std::int64_t j = 0; j < n; ++j)
           for (int k = 0; k < b; ++k) {
             const std::int64_t e = base + j * inner + k, r = r0 + k;
-            const V v = ld(x, e);
-            const V p = ca[r] == V(0) ? V(0) : ca[r] * fast_exp(v - lse[r]);
-            if constexpr (dense_targets_v<Tgt>) {
-              st(dx, e, p - c[r] * ld(tg, e));
-              if (dt) st(dt, e, c[r] * (lse[r] - v));
-            } else {
-              st(dx, e, tg[r] == j ? p - c[r] : p);
-            }
+            ce_grad_element(x, tg, lse, ca, c, dx, dt, e, r, j);
           }
       });
 }
