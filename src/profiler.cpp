@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <haliax/detail/device_guard.hpp>
 #include <haliax/detail/profile.hpp>
 #include <levanter/profiler.hpp>
 #include <map>
@@ -68,11 +69,17 @@ void close_entry() {
   e.self_seconds += incl - f.child;
   e.flops += f.flops;
 }
+// The device guard (haliax/detail/device_guard.hpp) listens to the same kernel events; while the profiler holds
+// them it forwards to the guard.
 void begin_kernel(const char* name, std::uint32_t, std::uint64_t* id) {
   *id = 0;
+  haliax::detail::device_guard::enter();
   open_entry(name);
 }
-void end_kernel(std::uint64_t) { close_entry(); }
+void end_kernel(std::uint64_t) {
+  close_entry();
+  haliax::detail::device_guard::leave();
+}
 void push_region(const char* name) { open_entry(name); }
 void pop_region() { close_entry(); }
 void add_flops(double f) {
@@ -120,6 +127,7 @@ void profiler::stop() {
   E::set_end_parallel_reduce_callback(nullptr);
   E::set_begin_parallel_scan_callback(nullptr);
   E::set_end_parallel_scan_callback(nullptr);
+  if (haliax::detail::device_guard::active()) haliax::detail::device_guard::install_kernel_callbacks();
   E::set_push_region_callback(nullptr);
   E::set_pop_region_callback(nullptr);
   haliax::detail::profile::flops_hook().store(nullptr);

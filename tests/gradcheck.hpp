@@ -58,12 +58,13 @@ void check_gradient(const F& f, const M& x, tolerance tol = {}) {
     if constexpr (std::is_same_v<typename L::value_type, double>) {
       const auto& analytic = grads[k++].second;
       REQUIRE(static_cast<std::int64_t>(analytic.size()) == leaf.element_count());
-      // Host memory is perturbed in place; device memory (a CUDA build) through a host copy of the leaf.
+      // Host memory is perturbed in place; device memory (a CUDA build, the device guard) through a host copy.
       std::vector<double> host;
-      if constexpr (!haliax::detail::host_memory) host = leaf.to_host();
-      double* p = haliax::detail::host_memory ? leaf.data() : host.data();
+      const bool in_place = haliax::detail::host_reads_arrays();
+      if (!in_place) host = leaf.to_host();
+      double* p = in_place ? leaf.data() : host.data();
       auto sync = [&] {
-        if constexpr (!haliax::detail::host_memory) host_io::write_elements(leaf, host);
+        if (!in_place) host_io::write_elements(leaf, host);
       };
       for (std::int64_t i = 0; i < leaf.element_count(); ++i) {
         const double saved = p[i];

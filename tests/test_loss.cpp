@@ -485,6 +485,36 @@ TEST_CASE("blockwise_cross_entropy_loss checks its arguments") {
   CHECK_THROWS_AS(nn::blockwise_cross_entropy_loss(h, w, Embed, Vocab, ids3, 4), hax::shape_error);
 }
 
+TEST_CASE("blockwise_cross_entropy_loss: a NaN or +inf logit makes its token's loss NaN, -inf logits are fine") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // Embed of size 1 and hidden states of 1, so the logits are the weight column: token 0 sees a NaN (vocab 3),
+  // token 1 a +inf (vocab 5), token 2 only finite and -inf logits, token 3 only finite ones.
+  auto h = hax::from_host<float>({1, 1, 1, 1}, 4 * Batch, 1 * Embed);
+  auto ids = hax::from_host<std::int32_t>({0, 1, 0, 7}, 4 * Batch);
+  std::vector<float> cols{0.5f, -1.0f, -inf, 2.0f, 0.25f, 1.5f, -inf, 3.0f};
+  for (int t = 0; t < 4; ++t) {
+    INFO("token " << t);
+    std::vector<float> wv = cols;
+    if (t == 0) wv[3] = nan;
+    if (t == 1) wv[5] = inf;
+    if (t == 3) wv[2] = wv[6] = -1.0f;
+    auto w = hax::from_host<float>(wv, 8 * Vocab, 1 * Embed);
+    auto ht = hax::slice(h, Batch, t, 1);
+    auto idt = hax::slice(ids, Batch, t, 1);
+    auto plain = nn::cross_entropy_loss(hax::dot(ht, w, Embed), Vocab, idt, nn::reduce_none).to_host();
+    for (std::int64_t bs : {1, 3, 8}) {
+      INFO("block size " << bs);
+      auto l = nn::blockwise_cross_entropy_loss(ht, w, Embed, Vocab, idt, bs, nn::reduce_none).to_host();
+      if (t < 2) {
+        CHECK(std::isnan(l[0]));
+      } else {
+        CHECK(std::isfinite(l[0]));
+        CHECK(l[0] == doctest::Approx(plain[0]).epsilon(1e-6));
+      }
+    }
+  }
+}
+
 TEST_CASE("blockwise_cross_entropy_loss never allocates a tokens x vocab buffer") {
   // 64 tokens x 1000 vocabulary: full float logits are 256000 bytes; every other buffer here (hidden 4 KB,
   // weight and its gradient 64 KB, one logits block of 128 columns 32 KB) is far smaller.

@@ -296,6 +296,7 @@ class runtime {
       detail::prepare_kokkos_environment();
       Kokkos::initialize(argc, argv);
       owner_ = true;
+      detail::device_guard::install();
     }
   }
   runtime(const runtime&) = delete;
@@ -330,6 +331,7 @@ inline void ensure_initialized() {
     Kokkos::InitArguments args;
     Kokkos::initialize(args);
 #endif
+    device_guard::install();
   }
 }
 }  // namespace detail
@@ -759,6 +761,40 @@ array_for<T, S...> from_host(std::span<const T> values, S... s) {
     Kokkos::deep_copy(x.view(), host);
   }
   return x;
+}
+
+/// What `with_host_elements` does with the elements around the call: fill the host buffer from the array first
+/// (`read`), copy it back into the array after (`write`), or both.
+enum class host_access { read, write, read_write };
+
+/// Runs f(p), p pointing at n host elements that stand for a's elements [offset, offset + n) (row-major in axis
+/// order): a's own memory where host code may touch it (a host build running its host kernels), else a host copy,
+/// filled from `a` first unless `mode` is `write` and copied back into `a` afterwards unless it is `read`. Code
+/// that moves elements between arrays and host-side buffers (collectives over MPI, tensor-parallel slicing) goes
+/// through this, so it works on device memory too. `f` is called even when n is 0 (it may be a collective).
+///   with_host_elements(grad, 0, n, host_access::read, [&](const float* p) { std::copy(p, p + n, buf); });
+template <class T, class Axes, class F>
+void with_host_elements(const named_array<T, Axes>& a, std::int64_t offset, std::int64_t n, host_access mode, F&& f) {
+  static_assert(!std::is_same_v<T, bool>, "haliax::with_host_elements: not for bool arrays");
+  if (offset < 0 || n < 0 || offset + n > a.element_count())
+    throw shape_error("haliax::with_host_elements: elements [" + std::to_string(offset) + ", " +
+                      std::to_string(offset + n) + ") of " + a.shape_string() + " (" +
+                      std::to_string(a.element_count()) + " elements)");
+  if (detail::host_reads_arrays()) {
+    f(a.data() ? a.data() + offset : a.data());
+    return;
+  }
+  std::vector<T> buf(static_cast<std::size_t>(n));
+  if (n > 0) {
+    Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(buf.data(), buf.size());
+    auto part = Kokkos::subview(a.view(), std::pair<std::size_t, std::size_t>(static_cast<std::size_t>(offset),
+                                                                             static_cast<std::size_t>(offset + n)));
+    if (mode != host_access::write) Kokkos::deep_copy(host, part);
+    f(buf.data());
+    if (mode != host_access::read) Kokkos::deep_copy(part, host);
+  } else {
+    f(buf.data());
+  }
 }
 
 template <Element T, SizedAxis... S>

@@ -46,10 +46,11 @@ void summarize(const std::string& prefix, const M& tree, const options& o, json&
   haliax::tree::for_each_leaf(tree, [&](const std::string& name, const auto& leaf) {
     using L = std::remove_cvref_t<decltype(leaf)>;
     if constexpr (std::is_same_v<typename L::value_type, float>) {
-      // Device memory (a CUDA build) is read through a host copy; host memory in place.
+      // Device memory (a CUDA build, or the device guard) is read through a host copy; host memory in place.
       std::vector<float> copy;
-      if constexpr (!haliax::detail::host_memory) copy = leaf.to_host();
-      const std::span<const float> all(haliax::detail::host_memory ? leaf.data() : copy.data(),
+      const bool in_place = haliax::detail::host_reads_arrays();
+      if (!in_place) copy = leaf.to_host();
+      const std::span<const float> all(in_place ? leaf.data() : copy.data(),
                                        static_cast<std::size_t>(leaf.element_count()));
       const auto [outer, inner] = split_stacked(name);
       const auto names = L::axis_names();

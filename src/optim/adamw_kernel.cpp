@@ -5,6 +5,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <haliax/detail/math.hpp>
+#include <haliax/detail/portable.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -185,7 +186,8 @@ std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nes
   const int64_t nc = static_cast<int64_t>(chunks.size());
   std::vector<double> out(chunks.size(), 0.0);
   if (nc == 0) return out;
-  Kokkos::View<chunk_ref*, Kokkos::HostSpace> host_refs(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw chunks"),
+  // Host memory (the "_mirror" label tells the device guard so; on a GPU build it is a real host buffer).
+  Kokkos::View<chunk_ref*, Kokkos::HostSpace> host_refs(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw chunks_mirror"),
                                                         static_cast<std::size_t>(nc));
   for (int64_t i = 0; i < nc; ++i) host_refs(i) = chunks[static_cast<std::size_t>(i)];
   auto refs = Kokkos::create_mirror_view_and_copy(mem(), host_refs);
@@ -244,7 +246,7 @@ std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nes
           sums(ci) = total;
         });
   }
-  auto host_sums = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
+  auto host_sums = haliax::detail::host_copy(sums);
   for (int64_t i = 0; i < nc; ++i) out[static_cast<std::size_t>(i)] = host_sums(i);
   return out;
 }

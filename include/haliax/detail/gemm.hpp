@@ -16,6 +16,7 @@
 
 #include "../bf16.hpp"
 #include "../precision.hpp"
+#include "device_guard.hpp"
 #include "gemm_bf16.hpp"
 #include "portable.hpp"
 #include "thread_pool.hpp"
@@ -190,6 +191,7 @@ inline bool host_gemm_batched_as_bf16(bool trans_a, bool trans_b, std::int64_t b
 template <class T>
 void kokkos_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
                          std::int64_t k, const T* A, const T* B, T* C) {
+  const device_guard::device_work work;  // BLAS on the arrays' memory: device work, invisible to Kokkos Tools
   for (std::int64_t i = 0; i < batch; ++i) {
     unmanaged_matrix<const T> a(A + i * m * k, trans_a ? k : m, trans_a ? m : k);
     unmanaged_matrix<const T> b(B + i * k * n, trans_b ? n : k, trans_b ? k : n);

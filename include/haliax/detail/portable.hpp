@@ -9,6 +9,10 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#include "device_guard.hpp"
 
 namespace haliax::detail {
 
@@ -20,7 +24,7 @@ inline constexpr bool host_memory =
 inline bool portable_kernels_forced() {
   static const bool forced = [] {
     const char* e = std::getenv("HALIAX_PORTABLE_KERNELS");
-    return e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0');
+    return (e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0')) || device_guard::requested();
   }();
   return forced;
 }
@@ -55,6 +59,30 @@ class portable_kernels_scope {
  private:
   int saved_;
 };
+
+/// Whether host code may touch the arrays' elements directly (through `data()`): host memory, and neither the
+/// portable kernels nor the device guard asked for. Elsewhere host code goes through copies, as on a GPU.
+inline bool host_reads_arrays() {
+  if constexpr (!host_memory) {
+    return false;
+  } else {
+    return use_host_kernels();
+  }
+}
+
+/// The elements of a 1-d view in host memory: the view itself where `host_reads_arrays()`, else a copy (a
+/// HostSpace view labelled "<label>_mirror", which the device guard leaves readable).
+template <class T, class... P>
+Kokkos::View<std::remove_const_t<T>*, Kokkos::HostSpace> host_copy(const Kokkos::View<T*, P...>& v) {
+  using U = std::remove_const_t<T>;
+  if constexpr (host_memory && !std::is_const_v<T>) {
+    if (host_reads_arrays()) return Kokkos::View<U*, Kokkos::HostSpace>(v);
+  }
+  Kokkos::View<U*, Kokkos::HostSpace> h(Kokkos::view_alloc(Kokkos::WithoutInitializing, v.label() + "_mirror"),
+                                        v.extent(0));
+  Kokkos::deep_copy(h, v);
+  return h;
+}
 
 /// Names variables so that a KOKKOS_LAMBDA captures them where this stands (see HALIAX_CAPTURE).
 template <class... X>

@@ -23,6 +23,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "device_guard.hpp"
+
 namespace haliax::detail {
 
 class thread_pool {
@@ -214,6 +216,7 @@ void host_loop(const char* label, std::int64_t n, std::int64_t work, const F& f)
     auto& pool = thread_pool::instance();
     if (n > 1 && work >= host_loop_min_work && pool.size() > 1 && !thread_pool::in_task()) {
       const std::int64_t runs = std::min<std::int64_t>(n, 4 * static_cast<std::int64_t>(pool.size()));
+      const device_guard::device_work kernel;  // a kernel the pool runs instead of Kokkos: the guard must know
       pool.run(runs, [&](std::int64_t r) {
         const std::int64_t b = n * r / runs, e = n * (r + 1) / runs;
         for (std::int64_t i = b; i < e; ++i) f(i);

@@ -853,8 +853,7 @@ using offset_table = Kokkos::View<std::int64_t*, memory_space>;
 
 inline offset_table device_offsets(const std::vector<std::int64_t>& off, const char* label) {
   offset_table d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), off.size());
-  auto h = Kokkos::create_mirror_view(d);
-  for (std::size_t i = 0; i < off.size(); ++i) h(i) = off[i];
+  Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> h(off.data(), off.size());
   Kokkos::deep_copy(d, h);
   return d;
 }

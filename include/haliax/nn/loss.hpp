@@ -81,7 +81,7 @@ double ordered_sum(const char* label, std::int64_t n, const F& f) {
         for (std::int64_t r = b * block; r < end; ++r) f(r, acc);
         part(b) = acc;
       });
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), part);
+  auto host = haliax::detail::host_copy(part);
   double total = 0;
   for (std::int64_t b = 0; b < blocks; ++b) total += host(b);
   return total;
@@ -374,6 +374,13 @@ void ce_forward_team(const T* x, const Tgt* tg, std::int64_t rows, std::int64_t 
       });
 }
 
+/// d(logits) at one logit of value v: ca * exp(v - lse), less c at the target class.
+template <class V>
+HALIAX_NN_INLINE V ce_class_grad(V v, V lse, V ca, V c, bool target) {
+  const V p = ca == V(0) ? V(0) : ca * fast_exp(v - lse);
+  return target ? p - c : p;
+}
+
 /// The backward at logit e (token r, class j): dx, and dt for distributions when not null.
 template <class T, class Tgt>
 HALIAX_NN_INLINE void ce_grad_element(const T* x, const Tgt* tg, const compute_t<T>* lse, const compute_t<T>* ca,
@@ -381,12 +388,11 @@ HALIAX_NN_INLINE void ce_grad_element(const T* x, const Tgt* tg, const compute_t
                                       std::int64_t j) {
   using V = compute_t<T>;
   const V v = ld(x, e);
-  const V p = ca[r] == V(0) ? V(0) : ca[r] * fast_exp(v - lse[r]);
   if constexpr (dense_targets_v<Tgt>) {
-    st(dx, e, p - c[r] * ld(tg, e));
+    st(dx, e, ce_class_grad(v, lse[r], ca[r], V(0), false) - c[r] * ld(tg, e));
     if (dt) st(dt, e, c[r] * (lse[r] - v));
   } else {
-    st(dx, e, tg[r] == j ? p - c[r] : p);
+    st(dx, e, ce_class_grad(v, lse[r], ca[r], c[r], tg[r] == j));
   }
 }
 
@@ -793,11 +799,56 @@ inline std::int64_t& blockwise_peak_logits() {
 template <class T>
 using flat_view = Kokkos::View<T*, memory_space>;
 
+/// The portable path's fold: one team member per token, its lanes splitting the block's row
+/// (haliax/detail/row_team.hpp). The block's max (NaN counting as +inf, which marks the token bad as the host
+/// fold does), the running max raised to it with the sum rescaled, then the block's exps added.
+template <class T>
+void blockwise_fold_team(const T* logits, std::int64_t tokens, std::int64_t nb, std::int64_t v0,
+                         const std::int32_t* ids, lse_acc<compute_t<T>>* acc, compute_t<T>* xt) {
+  using V = compute_t<T>;
+  namespace hd = haliax::detail;
+  Kokkos::parallel_for(
+      "haliax::nn::blockwise_cross_entropy(block)", hd::row_policy(tokens), KOKKOS_LAMBDA(const hd::row_member& t) {
+        const std::int64_t r = hd::row_of(t);
+        if (r >= tokens) return;
+        const T* row = logits + r * nb;
+        const std::int64_t c = ids[r] - v0;
+        if (!acc[r].bad) {
+          const V bm = hd::lane_max<V>(t, nb, [&](std::int64_t j) {
+            const V v = ld(row, j);
+            return v != v ? -neg_inf<V>() : v;
+          });
+          const bool bad = bm == -neg_inf<V>();
+          // lane_max gives the lowest finite value for an all -inf block, which adds nothing.
+          const bool empty = !(bm > std::numeric_limits<V>::lowest());
+          const V m = !bad && !empty && bm > acc[r].m ? bm : acc[r].m;
+          const V s = bad || empty ? V(0) : hd::lane_sum<V>(t, nb, [&](std::int64_t j) {
+            return fast_exp_nonpos(ld(row, j) - m);
+          });
+          Kokkos::single(Kokkos::PerThread(t), [&] {
+            if (bad) {
+              acc[r].bad = true;
+            } else if (!empty) {
+              if (m > acc[r].m) {
+                acc[r].s = acc[r].s * fast_exp_nonpos(acc[r].m - m);
+                acc[r].m = m;
+              }
+              acc[r].s += s;
+            }
+          });
+        }
+        Kokkos::single(Kokkos::PerThread(t), [&] {
+          if (c >= 0 && c < nb) xt[r] = ld(row, c);
+        });
+      });
+}
+
 /// Folds a [tokens, nb] logits block (columns v0..v0+nb of the vocabulary) into the per-token online
 /// log-sum-exp, and picks up each token's target logit when it falls in the block.
 template <class T>
 void blockwise_fold(const T* logits, std::int64_t tokens, std::int64_t nb, std::int64_t v0, const std::int32_t* ids,
                     lse_acc<compute_t<T>>* acc, compute_t<T>* xt) {
+  if (!haliax::detail::use_host_kernels()) return blockwise_fold_team<T>(logits, tokens, nb, v0, ids, acc, xt);
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   Kokkos::parallel_for(
       "haliax::nn::blockwise_cross_entropy(block)", Kokkos::RangePolicy<execution_space>(0, tokens),
@@ -813,6 +864,16 @@ void blockwise_fold(const T* logits, std::int64_t tokens, std::int64_t nb, std::
 template <class T>
 void blockwise_grad_block(T* logits, std::int64_t tokens, std::int64_t nb, std::int64_t v0, const std::int32_t* ids,
                           const compute_t<T>* lse, const compute_t<T>* ca, const compute_t<T>* c) {
+  if (!haliax::detail::use_host_kernels()) {
+    // The portable path: one work item per logit (coalesced on a GPU), the class-id formula of ce_grad_element.
+    Kokkos::parallel_for(
+        "haliax::nn::blockwise_cross_entropy_grad(block)", Kokkos::RangePolicy<execution_space>(0, tokens * nb),
+        KOKKOS_LAMBDA(std::int64_t e) {
+          const std::int64_t r = e / nb, j = e - r * nb;
+          st(logits, e, ce_class_grad(ld(logits, e), lse[r], ca[r], c[r], ids[r] - v0 == j));
+        });
+    return;
+  }
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   Kokkos::parallel_for(
       "haliax::nn::blockwise_cross_entropy_grad(block)", Kokkos::RangePolicy<execution_space>(0, tokens),

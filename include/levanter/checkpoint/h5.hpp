@@ -117,7 +117,7 @@ byte_buffer host_bytes(const haliax::named_array<T, Axes>& a) {
   const auto n = static_cast<std::size_t>(a.element_count());
   byte_buffer bytes(n * sizeof(T));
   if (n == 0) return bytes;
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, haliax::memory_space>::accessible) {
+  if (haliax::detail::host_reads_arrays()) {
     std::memcpy(bytes.data(), a.data(), bytes.size());
   } else {
     auto host = a.to_host();
@@ -225,7 +225,7 @@ class reader {
       throw error("'" + dotted + "' in '" + path_ + "' has shape " + join(d) + " but the model expects " + join(want) +
                   " (a checkpoint of a different model size? check the model section of the config)");
     using E = std::conditional_t<std::is_same_v<T, bool>, std::uint8_t, T>;
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, haliax::memory_space>::accessible) {
+    if (haliax::detail::host_reads_arrays()) {
       read_raw(ds.get(), dotted, detail::kind_of<E>(), a.data());
     } else {
       const auto n = static_cast<std::size_t>(a.element_count());

@@ -208,7 +208,8 @@ class fsdp_params {
     haliax::tree::for_each_leaf(m, [&](const std::string&, auto& a) {
       const auto& l = leaves_[k++];
       a = allocate_like(a, l.sizes);
-      gather(a.data(), l.offset, l.count, mine);
+      haliax::with_host_elements(a, 0, l.count, haliax::host_access::write,
+                                 [&](float* p) { gather(p, l.offset, l.count, mine); });
     });
     return m;
   }
@@ -234,7 +235,9 @@ class fsdp_params {
     haliax::tree::for_each_leaf(model, [&](const std::string&, const auto& a) {
       const auto& l = leaves_[k++];
       const std::int64_t b = std::max(lo(), l.offset), e = std::min(hi(), l.offset + l.count);
-      if (b < e && to_shard) std::copy(a.data() + (b - l.offset), a.data() + (e - l.offset), params_.data() + (b - lo()));
+      if (b < e && to_shard)
+        haliax::with_host_elements(a, b - l.offset, e - b, haliax::host_access::read,
+                                   [&](const float* p) { std::copy(p, p + (e - b), params_.data() + (b - lo())); });
     });
   }
 
@@ -263,13 +266,15 @@ class fsdp_params {
       haliax::tree::for_each_leaf(l, [&](const std::string&, auto& a) {
         const std::int64_t off = offsets[k] + i * per_layer[k], n = per_layer[k];
         a = allocate_like(a, sizes[k]);
-        owner->gather(a.data(), off, n);
+        haliax::with_host_elements(a, 0, n, haliax::host_access::write, [&](float* p) { owner->gather(p, off, n); });
         ++k;
         if (!node) return;
         auto leaf_node = ad::make_leaf(a);
         node->reduce.push_back([leaf_node, o = owner, off, n] {
           std::vector<float> g(static_cast<std::size_t>(n), 0.0f);
-          if (leaf_node->grad.valid()) std::copy(leaf_node->grad.data(), leaf_node->grad.data() + n, g.data());
+          if (leaf_node->grad.valid())
+            haliax::with_host_elements(leaf_node->grad, 0, n, haliax::host_access::read,
+                                       [&](const float* p) { std::copy(p, p + n, g.data()); });
           leaf_node->grad = {};
           o->scatter_add(g.data(), off, n);
         });

@@ -72,10 +72,12 @@ M slice_model(const M& full, const std::vector<int>& dims, int t, int T) {
     const std::int64_t nl = n / T;
     sizes[static_cast<std::size_t>(d)] = nl;
     A local = A::allocate(sizes, "levanter::tensor_parallel::slice");
-    const float* src = a.data();
-    float* dst = local.data();
-    for (std::int64_t o = 0; o < outer; ++o)
-      std::copy(src + (o * n + t * nl) * inner, src + (o * n + (t + 1) * nl) * inner, dst + o * nl * inner);
+    haliax::with_host_elements(a, 0, a.element_count(), haliax::host_access::read, [&](const float* src) {
+      haliax::with_host_elements(local, 0, local.element_count(), haliax::host_access::write, [&](float* dst) {
+        for (std::int64_t o = 0; o < outer; ++o)
+          std::copy(src + (o * n + t * nl) * inner, src + (o * n + (t + 1) * nl) * inner, dst + o * nl * inner);
+      });
+    });
     a = local;
   });
   return out;
@@ -99,17 +101,19 @@ M assemble_model(const M& local, const std::vector<int>& dims, communicator& gro
     std::vector<float> all(static_cast<std::size_t>(count * T));
     std::vector<std::size_t> counts(static_cast<std::size_t>(T), static_cast<std::size_t>(count) * 4), displs(counts.size());
     for (int q = 0; q < T; ++q) displs[static_cast<std::size_t>(q)] = static_cast<std::size_t>(q) * static_cast<std::size_t>(count) * 4;
-    group.allgatherv(a.data(), all.data(), counts, displs);
+    haliax::with_host_elements(a, 0, count, haliax::host_access::read,
+                               [&](const float* mine) { group.allgatherv(mine, all.data(), counts, displs); });
     auto sizes = a.sizes();
     const std::int64_t n = nl * T;
     sizes[static_cast<std::size_t>(d)] = n;
     A whole = A::allocate(sizes, "levanter::tensor_parallel::assemble");
-    float* dst = whole.data();
-    for (int q = 0; q < T; ++q)
-      for (std::int64_t o = 0; o < outer; ++o) {
-        const float* src = all.data() + q * count + o * nl * inner;
-        std::copy(src, src + nl * inner, dst + (o * n + q * nl) * inner);
-      }
+    haliax::with_host_elements(whole, 0, whole.element_count(), haliax::host_access::write, [&](float* dst) {
+      for (int q = 0; q < T; ++q)
+        for (std::int64_t o = 0; o < outer; ++o) {
+          const float* src = all.data() + q * count + o * nl * inner;
+          std::copy(src, src + nl * inner, dst + (o * n + q * nl) * inner);
+        }
+    });
     a = whole;
   });
   return out;
@@ -126,7 +130,7 @@ M local_zeros(const M& full, const std::vector<int>& dims, int T) {
     auto sizes = a.sizes();
     if (d >= 0) sizes[static_cast<std::size_t>(d)] /= T;
     A z = A::allocate(sizes, "levanter::tensor_parallel::zeros");
-    std::fill_n(z.data(), z.element_count(), 0.0f);
+    if (z.element_count() > 0) Kokkos::deep_copy(z.view(), 0.0f);
     a = z;
   });
   return out;

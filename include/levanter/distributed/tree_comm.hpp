@@ -31,11 +31,14 @@ void copy_flat_range(M& tree, float* flat, std::int64_t lo, std::int64_t hi, boo
   haliax::tree::for_each_leaf(tree, [&](const std::string&, auto& leaf) {
     const std::int64_t n = leaf.element_count(), b = std::max(lo, off), e = std::min(hi, off + n);
     if (b < e) {
-      float* x = const_cast<float*>(leaf.data()) + (b - off);
-      if (to_flat)
-        std::copy(x, x + (e - b), flat + b);
-      else
-        std::copy(flat + b, flat + e, x);
+      // Through a host copy where the leaf is in device memory.
+      haliax::with_host_elements(leaf, b - off, e - b, to_flat ? haliax::host_access::read : haliax::host_access::write,
+                                 [&](float* x) {
+                                   if (to_flat)
+                                     std::copy(x, x + (e - b), flat + b);
+                                   else
+                                     std::copy(flat + b, flat + e, x);
+                                 });
     }
     off += n;
   });
@@ -68,8 +71,10 @@ template <class M>
 bool same_on_all_ranks(communicator& c, const M& tree) {
   std::uint64_t h = 1469598103934665603ull;
   haliax::tree::for_each_leaf(tree, [&](const std::string&, const auto& leaf) {
-    const auto* p = reinterpret_cast<const unsigned char*>(leaf.data());
-    for (std::int64_t i = 0; i < leaf.element_count() * 4; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    haliax::with_host_elements(leaf, 0, leaf.element_count(), haliax::host_access::read, [&](const float* x) {
+      const auto* p = reinterpret_cast<const unsigned char*>(x);
+      for (std::int64_t i = 0; i < leaf.element_count() * 4; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    });
   });
   const auto all = allgather_doubles(c, {static_cast<double>(h >> 11)});
   return std::all_of(all.begin(), all.end(), [&](double x) { return x == all[0]; });

@@ -280,7 +280,7 @@ class adamw {
     return haliax::tree::map(params, [](const std::string&, const auto& p) {
       detail::adamw::check_float_leaf<decltype(p)>();
       auto z = std::remove_cvref_t<decltype(p)>::allocate(p.sizes(), "levanter::optim::adamw::moment");
-      if constexpr (haliax::detail::host_memory) {
+      if (haliax::detail::host_reads_arrays()) {
         std::fill_n(z.data(), z.element_count(), 0.0f);
       } else {
         Kokkos::deep_copy(Kokkos::View<float*, haliax::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(

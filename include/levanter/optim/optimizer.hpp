@@ -223,7 +223,9 @@ class adamw_optimizer final : public optimizer<M> {
     std::int64_t off = 0;
     haliax::tree::for_each_leaf(tree, [&](const std::string&, const auto& leaf) {
       const std::int64_t n = leaf.element_count(), b = std::max(lo, off), e = std::min(hi, off + n);
-      if (b < e) std::copy(leaf.data() + (b - off), leaf.data() + (e - off), out.data() + (b - lo));
+      if (b < e)
+        haliax::with_host_elements(leaf, b - off, e - b, haliax::host_access::read,
+                                   [&](const float* x) { std::copy(x, x + (e - b), out.data() + (b - lo)); });
       off += n;
     });
   }
@@ -246,7 +248,8 @@ class adamw_optimizer final : public optimizer<M> {
     M tree = adamw::zeros_like(params);
     std::int64_t off = 0;
     haliax::tree::for_each_leaf(tree, [&](const std::string&, auto& leaf) {
-      std::copy(flat.data() + off, flat.data() + off + leaf.element_count(), leaf.data());
+      haliax::with_host_elements(leaf, 0, leaf.element_count(), haliax::host_access::write,
+                                 [&](float* x) { std::copy(flat.data() + off, flat.data() + off + leaf.element_count(), x); });
       off += leaf.element_count();
     });
     return tree;
