@@ -8,7 +8,7 @@
 #
 # Usage: scripts/check-device-access.sh [BUILD_DIR]     (default: build-guard)
 # Environment: JOBS (build parallelism, default 2), TESTS (the test programs to run, default below),
-# STEPS (train_lm steps, default 12).
+# STEPS (train_lm steps, default 12). With mpirun on the PATH, test_distributed also runs on 3 ranks.
 # Not part of CI: the ASan build of train_lm and the test programs takes about 30 minutes on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +25,7 @@ export ASAN_OPTIONS="halt_on_error=1:detect_leaks=0:exitcode=23"
 echo "check-device-access: configuring $build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1" \
   -DHALIAX_FUZZ=OFF >/dev/null
-targets="train_lm haliax_device_guard_probe"
+targets="train_lm haliax_device_guard_probe haliax_test_distributed"
 for t in $tests; do targets="$targets haliax_$t"; done
 echo "check-device-access: building $targets ($jobs jobs)"
 start=$(date +%s)
@@ -63,13 +63,35 @@ for t in $tests; do
   run "$t" "$prog"
 done
 
+# The collectives, ZeRO-1, FSDP and tensor parallelism on 3 ranks (their host buffers and the shards' copies).
+if command -v mpirun >/dev/null; then
+  run test_distributed_mpi mpirun --oversubscribe --allow-run-as-root -n 3 -x HALIAX_DEVICE_GUARD -x ASAN_OPTIONS \
+    -x HALIAX_NUM_THREADS=1 "$build/tests/haliax_test_distributed"
+else
+  echo "check-device-access: no mpirun: the 3-rank test_distributed run is skipped"
+fi
+
 # train_lm end to end on the embedded default: data, steps, evaluation, watch, a checkpoint, and a resume from it.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+cd "$work"  # train_lm writes its logs/ and run directories here
 common=(--trainer.num_train_steps "$steps" --trainer.steps_per_eval 6 --trainer.checkpointer.base_path "$work/ckpt"
         --trainer.checkpointer.keep '[{every: 6}]' --trainer.watch.interval 5 --data.cache_dir "$work/cache" --trainer.id guard)
 run train_lm "$build/examples/train_lm" "${common[@]}"
 run train_lm_resume "$build/examples/train_lm" "${common[@]}" --trainer.num_train_steps $((steps + 2))
+
+# train_lm on 2 ranks: FSDP (the default), ZeRO-1 and tensor parallelism.
+if command -v mpirun >/dev/null; then
+  mpi=(mpirun --oversubscribe --allow-run-as-root -n 2 -x HALIAX_DEVICE_GUARD -x ASAN_OPTIONS -x HALIAX_NUM_THREADS=1)
+  ranks=(--trainer.num_train_steps 6 --trainer.train_batch_size 32 --trainer.per_device_parallelism 8
+         --trainer.steps_per_eval 3 --trainer.watch.interval 3 --data.cache_dir "$work/cache"
+         --trainer.checkpointer.base_path "$work/ckpt-mpi" --trainer.checkpointer.keep '[{every: 3}]')
+  run train_lm_fsdp2 "${mpi[@]}" "$build/examples/train_lm" "${ranks[@]}" --trainer.id fsdp2
+  run train_lm_zero2 "${mpi[@]}" "$build/examples/train_lm" "${ranks[@]}" --trainer.id zero2 \
+    --trainer.shard_parameters false
+  run train_lm_tp2 "${mpi[@]}" "$build/examples/train_lm" "${ranks[@]}" --trainer.id tp2 --trainer.model_axis_size 2 \
+    --trainer.tensor_parallel_axes '[mlp, heads]'
+fi
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "check-device-access: FAILED: ${failed[*]}"

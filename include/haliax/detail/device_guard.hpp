@@ -12,8 +12,9 @@
 //
 // It needs a build compiled with -fsanitize=address (the compiler then defines __SANITIZE_ADDRESS__); asking for
 // it in another build ends the program at start-up with a message, never a silent no-op. Host memory meant to
-// be read on the host (vectors, `to_host()` copies, host mirrors) is never poisoned: Kokkos labels a mirror "<label>_mirror",
-// and mirrors of this guard's memory are made by copying (`host_copy`), as on a GPU.
+// be read on the host (vectors, `to_host()` copies, host mirrors) is never poisoned: Kokkos labels a mirror
+// "<label>_mirror", and mirrors of this guard's memory are made by copying (`host_copy`), as on a GPU. Tests
+// that compare the host kernels with the portable ones run the portable ones twice under the guard.
 //
 // Limits: the poison is global, so while one thread runs a kernel another thread's host access goes unseen; a
 // buffer is guarded from the first kernel or deep copy after its allocation (Kokkos writes its header between

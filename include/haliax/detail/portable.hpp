@@ -35,11 +35,13 @@ inline int& portable_kernels_override() {
   return value;
 }
 
-/// Whether the host-tuned kernels run: host memory and not forced onto the portable ones.
+/// Whether the host-tuned kernels run: host memory and not forced onto the portable ones. Under the device guard
+/// never (not even in a test's portable_kernels_scope(false)): the host kernels read array memory on the host.
 inline bool use_host_kernels() {
   if constexpr (!host_memory) {
     return false;
   } else {
+    if (device_guard::requested()) return false;
     const int o = portable_kernels_override();
     return o < 0 ? !portable_kernels_forced() : o == 0;
   }

@@ -27,7 +27,9 @@ namespace haliax::nn {
 
 struct tensor_parallel {
   std::vector<std::string> split_axes;                   ///< axis names split over the group
-  std::function<void(float*, std::int64_t)> allreduce;  ///< in-place sum over the group, the same bits everywhere
+  /// In-place sum over the group, the same bits everywhere, on host memory (a collective over MPI): haliax hands
+  /// it a host copy where arrays are device memory.
+  std::function<void(float*, std::int64_t)> allreduce;
 
   bool splits(std::string_view axis) const {
     return std::find(split_axes.begin(), split_axes.end(), axis) != split_axes.end();
@@ -57,7 +59,8 @@ named_array<T, Axes> enter(const named_array<T, Axes>& x, const tensor_parallel&
       y,
       [&tp](const named_array<T, Axes>& g, auto) {
         auto s = copy_of(g);
-        tp.allreduce(s.data(), s.element_count());
+        const std::int64_t n = s.element_count();
+        with_host_elements(s, 0, n, host_access::read_write, [&](T* p) { tp.allreduce(p, n); });
         return std::tuple{s};
       },
       x);
@@ -68,7 +71,8 @@ named_array<T, Axes> enter(const named_array<T, Axes>& x, const tensor_parallel&
 template <class T, class Axes>
 named_array<T, Axes> leave(const named_array<T, Axes>& y, const tensor_parallel& tp) {
   auto s = copy_of(y);
-  tp.allreduce(s.data(), s.element_count());
+  const std::int64_t n = s.element_count();
+  with_host_elements(s, 0, n, host_access::read_write, [&](T* p) { tp.allreduce(p, n); });
   if (haliax::detail::ad::any_tracked(y))
     haliax::detail::ad::record(
         s, [](const named_array<T, Axes>& g, auto) { return std::tuple{g}; }, y);

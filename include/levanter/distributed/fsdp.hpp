@@ -8,7 +8,7 @@
 //   auto [loss, g] = haliax::value_and_grad(loss_fn)(step);   // each layer's gradient is reduce-scattered into
 //                                      // fs.grads() when its backward is done; the layer's arrays are freed
 //   fs.reduce_rest(g);                 // collective: the gradients of the parameters outside Stacked modules
-//   optimizer->update_range(fs.params().data(), fs.grads().data(), loss);
+//   optimizer->update_range(fs.params().data(), fs.grads().data(), loss);   // shards in the arrays' memory space
 //   M whole = fs.whole();              // collective: every parameter on every rank (checkpoints, hooks)
 //
 // Model code never sees any of this: a Stacked whose `source` is set folds over layers that the source gathers
@@ -36,6 +36,7 @@
 #include <haliax/nn/stacked.hpp>
 #include <haliax/tree.hpp>
 #include <levanter/distributed/comm.hpp>
+#include <levanter/distributed/device_copy.hpp>
 
 namespace levanter::distributed {
 
@@ -124,8 +125,8 @@ class fsdp_params {
       sources_.push_back(src);
     };
     detail::fsdp::for_each_stacked(model, visit);
-    params_.assign(static_cast<std::size_t>(hi() - lo()), 0.0f);
-    grads_.assign(params_.size(), 0.0f);
+    params_ = device_copy::flat("levanter::fsdp::params", static_cast<std::size_t>(hi() - lo()));  // zeroed
+    grads_ = device_copy::flat("levanter::fsdp::grads", params_.extent(0));
     copy_range(model, true);
     skeleton_ = model;
     haliax::tree::for_each_leaf(skeleton_, [](const std::string&, auto& a) { a = {}; });
@@ -138,14 +139,19 @@ class fsdp_params {
   std::int64_t hi() const { return bounds_[static_cast<std::size_t>(comm_.rank()) + 1]; }
   const std::vector<std::int64_t>& bounds() const { return bounds_; }
   const std::vector<leaf>& leaves() const { return leaves_; }
-  /// This rank's range of the parameters and of the gradient being summed.
-  std::vector<float>& params() { return params_; }
-  std::vector<float>& grads() { return grads_; }
-  void zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  /// This rank's range of the parameters and of the gradient being summed, in the arrays' memory space (device
+  /// memory in a GPU build, where the optimizer updates them).
+  const device_copy::flat& params() const { return params_; }
+  const device_copy::flat& grads() const { return grads_; }
+  void zero_grads() {
+    if (grads_.extent(0) > 0) Kokkos::deep_copy(grads_, 0.0f);
+  }
+  /// grads() *= s, element by element.
+  void scale_grads(float s) { device_copy::scale(grads_.data(), static_cast<std::int64_t>(grads_.extent(0)), s); }
   /// The model's structure with no parameter held (what the train state keeps between steps).
   const M& skeleton() const { return skeleton_; }
   /// Bytes of parameters this rank holds between steps.
-  std::int64_t resident_bytes() const { return static_cast<std::int64_t>(params_.size()) * 4; }
+  std::int64_t resident_bytes() const { return static_cast<std::int64_t>(params_.extent(0)) * 4; }
 
   /// The model for one step (collective): parameters outside Stacked modules whole, Stacked modules reading
   /// their layers from the ranks.
@@ -156,7 +162,8 @@ class fsdp_params {
       const auto& l = leaves_[k++];
       if (l.stacked) return;
       a = allocate_like(a, l.sizes);
-      gather(a.data(), l.offset, l.count);
+      haliax::with_host_elements(a, 0, l.count, haliax::host_access::write,
+                                 [&](float* p) { gather(p, l.offset, l.count); });
     });
     std::size_t s = 0;
     auto attach = [&](auto& st) {
@@ -176,7 +183,9 @@ class fsdp_params {
       if (l.stacked) return;
       if (!a.valid() || a.element_count() != l.count)
         throw comm_error("fsdp_params: no gradient for '" + l.path + "'");
-      scatter_add(a.data(), l.offset, l.count);
+      // The collective runs on a host copy where `a` is device memory; `a` is scratch, not written back.
+      haliax::with_host_elements(a, 0, l.count, haliax::host_access::read,
+                                 [&](float* p) { scatter_add(p, l.offset, l.count); });
     });
   }
 
@@ -202,7 +211,7 @@ class fsdp_params {
     for (std::size_t q = 0; q < b.size(); ++q) b[q] = std::clamp<std::int64_t>(bounds_[q] - off, 0, n);
     return b;
   }
-  M whole_of(const std::vector<float>& mine) {
+  M whole_of(const device_copy::flat& mine) {
     M m = skeleton_;
     std::size_t k = 0;
     haliax::tree::for_each_leaf(m, [&](const std::string&, auto& a) {
@@ -213,31 +222,28 @@ class fsdp_params {
     });
     return m;
   }
-  // dst[0, n) = the elements [off, off + n) of the flattened parameters (or of `mine`'s vector), from the ranks
-  // that hold them.
+  // dst[0, n) (host memory) = the elements [off, off + n) of the flattened parameters (or of the shard `mine`),
+  // from the ranks that hold them.
   void gather(float* dst, std::int64_t off, std::int64_t n) { gather(dst, off, n, params_); }
-  void gather(float* dst, std::int64_t off, std::int64_t n, const std::vector<float>& mine) {
+  void gather(float* dst, std::int64_t off, std::int64_t n, const device_copy::flat& mine) {
     const auto b = region_bounds(off, n);
     const std::int64_t mb = b[static_cast<std::size_t>(comm_.rank())], me = b[static_cast<std::size_t>(comm_.rank()) + 1];
-    std::copy(mine.data() + (off + mb - lo()), mine.data() + (off + me - lo()), dst + mb);
+    device_copy::to_host(mine.data() + (off + mb - lo()), dst + mb, me - mb);
     allgather_ranges(comm_, dst, b);
   }
-  // grads()[the part of [off, off + n) this rank holds] += the sum over ranks of g[0, n) there.
+  // grads()[the part of [off, off + n) this rank holds] += the sum over ranks of g[0, n) (host memory) there.
   void scatter_add(float* g, std::int64_t off, std::int64_t n) {
     const auto b = region_bounds(off, n);
     reduce_scatter_sum(comm_, g, b);
     const std::int64_t mb = b[static_cast<std::size_t>(comm_.rank())], me = b[static_cast<std::size_t>(comm_.rank()) + 1];
-    float* dst = grads_.data() + (off + mb - lo());
-    for (std::int64_t i = mb; i < me; ++i) dst[i - mb] += g[i];
+    device_copy::add_from_host(grads_.data() + (off + mb - lo()), g + mb, me - mb);
   }
   void copy_range(const M& model, bool to_shard) {
     std::size_t k = 0;
     haliax::tree::for_each_leaf(model, [&](const std::string&, const auto& a) {
       const auto& l = leaves_[k++];
       const std::int64_t b = std::max(lo(), l.offset), e = std::min(hi(), l.offset + l.count);
-      if (b < e && to_shard)
-        haliax::with_host_elements(a, b - l.offset, e - b, haliax::host_access::read,
-                                   [&](const float* p) { std::copy(p, p + (e - b), params_.data() + (b - lo())); });
+      if (b < e && to_shard) device_copy::copy(a.data() + (b - l.offset), params_.data() + (b - lo()), e - b);
     });
   }
 
@@ -286,7 +292,7 @@ class fsdp_params {
   communicator& comm_;
   std::vector<std::int64_t> bounds_;
   std::vector<leaf> leaves_;
-  std::vector<float> params_, grads_;
+  device_copy::flat params_, grads_;  // this rank's range, in the arrays' memory space
   std::vector<std::shared_ptr<void>> sources_;  // one layer_gatherer per Stacked module, in tree order
   M skeleton_;
 };

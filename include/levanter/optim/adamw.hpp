@@ -39,6 +39,7 @@
 #include <haliax/detail/thread_pool.hpp>
 #include <haliax/tree.hpp>
 #include <levanter/distributed/comm.hpp>
+#include <levanter/distributed/device_copy.hpp>
 #include <levanter/optim/adamw_kernel.hpp>
 
 #include "config.hpp"
@@ -103,10 +104,11 @@ struct adamw_state {
   rolling_window update_norms;   ///< clip_update_norm history (unclipped norms of applied steps)
   std::vector<char> decay_mask;  ///< per leaf in tree order: weight decay applies
   /// Sharded state (ZeRO-1): the moments of this rank's range [flat_lo, flat_lo + size) of the parameters
-  /// flattened in tree order; `mu` and `nu` are then empty trees.
-  std::vector<float> mu_flat, nu_flat;
+  /// flattened in tree order, in the arrays' memory space (device memory in a GPU build, where the update
+  /// kernels read them); `mu` and `nu` are then empty trees.
+  distributed::device_copy::flat mu_flat, nu_flat;
   int64_t flat_lo = 0;
-  bool sharded() const { return !mu_flat.empty() || flat_lo != 0; }
+  bool sharded() const { return mu_flat.extent(0) != 0 || flat_lo != 0; }
 };
 
 /// How AdamW's work is split over ranks (ZeRO-1): rank r updates the parameters of its range
@@ -256,8 +258,9 @@ class adamw {
     adamw_state<M> st;
     if (sh) {
       st.flat_lo = sh->lo();
-      st.mu_flat.assign(static_cast<std::size_t>(sh->hi() - sh->lo()), 0.0f);
-      st.nu_flat.assign(st.mu_flat.size(), 0.0f);
+      st.mu_flat = distributed::device_copy::flat("levanter::optim::adamw::mu_flat",
+                                                  static_cast<std::size_t>(sh->hi() - sh->lo()));  // zeroed
+      st.nu_flat = distributed::device_copy::flat("levanter::optim::adamw::nu_flat", st.mu_flat.extent(0));
     } else {
       st.mu = zeros_like(params);
       st.nu = zeros_like(params);
@@ -552,9 +555,10 @@ class adamw {
         off += l.n;
       }
     };
-    each(sh.lo(), sh.hi(), [](float* p, float* f, int64_t n) { std::copy(p, p + n, f); });
+    // The parameters are in the arrays' memory space, the collective's buffer in host memory.
+    each(sh.lo(), sh.hi(), [](float* p, float* f, int64_t n) { distributed::device_copy::to_host(p, f, n); });
     distributed::allgather_ranges(*sh.comm, flat.data(), sh.bounds);
-    each(0, total, [](float* p, float* f, int64_t n) { std::copy(f, f + n, p); });
+    each(0, total, [](float* p, float* f, int64_t n) { distributed::device_copy::from_host(f, p, n); });
   }
 
   AdamConfig cfg_;

@@ -212,25 +212,23 @@ class adamw_optimizer final : public optimizer<M> {
 
  private:
   // Tensor parallelism: a moment as a whole tree (collective over the data ranks when sharded, then the group).
-  M global_state(const std::vector<float>& flat, const M& tree, const M& params) const {
+  M global_state(const distributed::device_copy::flat& flat, const M& tree, const M& params) const {
     if (!shard_) return tp_->to_global(tree);
     return tp_->to_global(*gather(flat, tp_->local_zeros(params), true));
   }
 
-  // This rank's range of `tree` (flattened in tree order) into `out`.
-  void slice(const M& tree, std::vector<float>& out) const {
+  // This rank's range of `tree` (flattened in tree order) into `out` (both in the arrays' memory space).
+  void slice(const M& tree, const distributed::device_copy::flat& out) const {
     const std::int64_t lo = shard_->lo(), hi = shard_->hi();
     std::int64_t off = 0;
     haliax::tree::for_each_leaf(tree, [&](const std::string&, const auto& leaf) {
       const std::int64_t n = leaf.element_count(), b = std::max(lo, off), e = std::min(hi, off + n);
-      if (b < e)
-        haliax::with_host_elements(leaf, b - off, e - b, haliax::host_access::read,
-                                   [&](const float* x) { std::copy(x, x + (e - b), out.data() + (b - lo)); });
+      if (b < e) distributed::device_copy::copy(leaf.data() + (b - off), out.data() + (b - lo), e - b);
       off += n;
     });
   }
   // The whole state vector, as a tree shaped like `params`, on rank 0 (everywhere with `all`); null elsewhere.
-  std::optional<M> gather(const std::vector<float>& mine, const M& params, bool all = false) const {
+  std::optional<M> gather(const distributed::device_copy::flat& shard, const M& params, bool all = false) const {
     auto& c = *shard_->comm;
     const auto& b = shard_->bounds;
     std::vector<std::size_t> counts(b.size() - 1), displs(b.size() - 1);
@@ -239,6 +237,8 @@ class adamw_optimizer final : public optimizer<M> {
       displs[q] = static_cast<std::size_t>(b[q]) * 4;
     }
     const bool receive = all || c.rank() == 0;
+    std::vector<float> mine(shard.extent(0));  // the collective's host buffers
+    distributed::device_copy::to_host(shard.data(), mine.data(), static_cast<std::int64_t>(mine.size()));
     std::vector<float> flat(receive ? static_cast<std::size_t>(b.back()) : 0);
     if (all)
       c.allgatherv(mine.data(), flat.data(), counts, displs);

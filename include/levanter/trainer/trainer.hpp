@@ -407,7 +407,7 @@ class Trainer {
         loss_sum = distributed::allreduce_sum(data, loss_sum);
         const std::int64_t parts = micro * data.size();
         if (parts > 1)
-          for (float& x : fs->grads()) x = x * (1.0f / float(parts));
+          fs->scale_grads(1.0f / float(parts));
         reduce_bytes_ = sent() - step_sent0;
         if (watch_now) {
           if (watching("grads")) grads.emplace(global(fs->whole_grads()));
