@@ -24,7 +24,7 @@ inline constexpr bool host_memory =
 inline bool portable_kernels_forced() {
   static const bool forced = [] {
     const char* e = std::getenv("HALIAX_PORTABLE_KERNELS");
-    return (e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0')) || device_guard::requested();
+    return e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0');
   }();
   return forced;
 }
@@ -64,13 +64,7 @@ class portable_kernels_scope {
 
 /// Whether host code may touch the arrays' elements directly (through `data()`): host memory, and neither the
 /// portable kernels nor the device guard asked for. Elsewhere host code goes through copies, as on a GPU.
-inline bool host_reads_arrays() {
-  if constexpr (!host_memory) {
-    return false;
-  } else {
-    return use_host_kernels();
-  }
-}
+inline bool host_reads_arrays() { return use_host_kernels(); }
 
 /// The elements of a 1-d view in host memory: the view itself where `host_reads_arrays()`, else a copy (a
 /// HostSpace view labelled "<label>_mirror", which the device guard leaves readable).
