@@ -1,4 +1,5 @@
-# Finds Kokkos and Kokkos Kernels and provides the targets Kokkos::kokkos and Kokkos::kokkoskernels.
+# Finds Kokkos and Kokkos Kernels and provides the targets Kokkos::kokkos and Kokkos::kokkoskernels, and sets
+# HALIAX_HOST_BLAS (ON when Kokkos Kernels and its host BLAS are there; OFF only for a CUDA Kokkos without them).
 #
 # Two cases:
 #  * a working Kokkos CMake package (e.g. a CUDA-enabled Kokkos built by hand): set HALIAX_KOKKOS_ROOT (or
@@ -16,9 +17,19 @@ endif()
 
 if(HALIAX_KOKKOS_ROOT)
   find_package(Kokkos REQUIRED PATHS "${HALIAX_KOKKOS_ROOT}" NO_DEFAULT_PATH)
-  find_package(KokkosKernels REQUIRED PATHS "${HALIAX_KOKKOS_ROOT}" NO_DEFAULT_PATH)
-  if(NOT TARGET Kokkos::kokkoskernels)
-    message(FATAL_ERROR "haliax: ${HALIAX_KOKKOS_ROOT} has Kokkos but no Kokkos::kokkoskernels target")
+  find_package(KokkosKernels QUIET PATHS "${HALIAX_KOKKOS_ROOT}" NO_DEFAULT_PATH)
+  if(TARGET Kokkos::kokkoskernels)
+    set(HALIAX_HOST_BLAS ON)
+  elseif(Kokkos_ENABLE_CUDA OR "CUDA" IN_LIST Kokkos_DEVICES)
+    # A CUDA Kokkos alone (the device kit's prefix, docs/portability.md): cuBLAS does every array product, and
+    # the host BLAS paths (OpenBLAS tiles, the host flash-attention kernels) are compiled out.
+    set(HALIAX_HOST_BLAS OFF)
+    message(STATUS "haliax: ${HALIAX_KOKKOS_ROOT} has no Kokkos Kernels: a device-only build (GEMMs through "
+                   "cuBLAS, no host BLAS)")
+  else()
+    message(FATAL_ERROR "haliax: ${HALIAX_KOKKOS_ROOT} has Kokkos but no Kokkos Kernels (Kokkos::kokkoskernels); "
+                        "a build whose arrays live in host memory needs it, with its BLAS TPL "
+                        "(docs/portability.md has the commands)")
   endif()
   # Where Kokkos_Core.hpp is, for the tests that run the compiler by hand (tests/compile_fail).
   find_path(HALIAX_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp PATHS "${HALIAX_KOKKOS_ROOT}/include" NO_DEFAULT_PATH)
@@ -33,6 +44,7 @@ if(HALIAX_KOKKOS_ROOT)
   return()
 endif()
 
+set(HALIAX_HOST_BLAS ON)
 if(TARGET Kokkos::kokkos AND TARGET Kokkos::kokkoskernels)
   return()
 endif()

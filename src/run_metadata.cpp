@@ -14,9 +14,18 @@
 
 #include <haliax/core.hpp>
 
+#if defined(HALIAX_HAVE_HOST_BLAS)
 extern "C" char* openblas_get_corename();
 extern "C" char* openblas_get_config();
 extern "C" int openblas_get_num_threads();
+#else
+// A device build made without a host BLAS (docs/portability.md): nothing to report.
+namespace {
+const char* openblas_get_corename() { return "none (no host BLAS in this build)"; }
+const char* openblas_get_config() { return "none"; }
+int openblas_get_num_threads() { return 0; }
+}  // namespace
+#endif
 
 namespace levanter {
 

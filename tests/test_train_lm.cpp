@@ -105,6 +105,12 @@ TEST_CASE("train_lm: a tiny run trains and leaves config, metrics and summary in
       CHECK(j["metrics"].contains("optim/learning_rate"));
       CHECK(j["metrics"].contains("throughput/tokens_per_second"));
       CHECK(j["metrics"].contains("throughput/mfu"));
+      // MFU divides by the GEMM rate measured on this model's own products: above 1 the peak was mis-measured.
+      const double mfu = j["metrics"]["throughput/mfu"].get<double>(), hfu = j["metrics"]["throughput/hfu"].get<double>();
+      CHECK(mfu > 0);
+      CHECK(mfu <= 1.0);
+      // GPT-2's default gradient checkpointing recomputes every layer's forward: the hardware did more than the model.
+      CHECK(hfu > mfu);
     }
   }
   REQUIRE(!events.empty());

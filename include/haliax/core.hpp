@@ -78,6 +78,26 @@ inline std::size_t cache_limit_bytes() {
   return limit;
 }
 
+/// HALIAX_POISON_BUFFERS=1: every buffer the cache hands out is first filled with 0xFF bytes (NaN as a float,
+/// double or bfloat16, -1 as an integer), so an op that leaves part of its output unwritten shows NaN or -1 in
+/// it, never stale values or the zeros of fresh memory. For checks (the device kit runs its kernel checks so);
+/// costs one pass over every buffer.
+inline bool poison_buffers() {
+  static const bool on = [] {
+    const char* e = std::getenv("HALIAX_POISON_BUFFERS");
+    return e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0');
+  }();
+  return on;
+}
+
+/// Fills `bytes` bytes at `p` (array memory) with 0xFF, in a kernel.
+inline void poison_fill(void* p, std::size_t bytes) {
+  auto* q = static_cast<unsigned char*>(p);
+  Kokkos::parallel_for(
+      "haliax::poison", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, static_cast<std::int64_t>(bytes)),
+      KOKKOS_LAMBDA(std::int64_t i) { q[i] = 0xFF; });
+}
+
 /// How much idle memory a miss leaves in the cache, relative to the memory arrays hold:
 /// HALIAX_CACHE_IDLE_RATIO, default 0.5 (0: give back idle buffers on every miss of 1 MiB or more).
 inline double idle_ratio() {
@@ -93,6 +113,7 @@ struct cache_registry {
   std::mutex m;
   std::size_t cached_bytes = 0;  // idle, in the cache
   std::size_t leased_bytes = 0;  // handed out and not yet given back
+  std::size_t peak_leased_bytes = 0;  // the most leased at once since the last reset_buffer_cache_peak()
   std::vector<void (*)()> clearers;
   // statistics (under m); HALIAX_CACHE_TRACE prints every miss, eviction and drop of 1 MiB or more to stderr
   std::int64_t hits = 0, misses = 0, miss_bytes = 0, evicted = 0, evicted_bytes = 0, dropped_shared = 0,
@@ -125,6 +146,13 @@ struct buffer_cache {
 
   /// A buffer of exactly n elements: an idle one if there is one, else a new allocation.
   static view_type acquire(std::size_t n, const std::string& label) {
+    view_type v = take(n, label);
+    if (poison_buffers() && n > 0) poison_fill(v.data(), n * sizeof(T));
+    return v;
+  }
+
+  /// acquire() without the poison.
+  static view_type take(std::size_t n, const std::string& label) {
     auto& c = instance();  // registers itself under the registry lock: call before taking it
     auto& reg = cache_registry::instance();
     {
@@ -135,6 +163,7 @@ struct buffer_cache {
         c.idle.erase(it);
         reg.cached_bytes -= n * sizeof(T);
         reg.leased_bytes += n * sizeof(T);
+        reg.peak_leased_bytes = std::max(reg.peak_leased_bytes, reg.leased_bytes);
         ++reg.hits;
         return v;
       }
@@ -155,6 +184,7 @@ struct buffer_cache {
       // stay bounded by HALIAX_CACHE_MB as well.
       const std::size_t want = n * sizeof(T);
       reg.leased_bytes += want;
+      reg.peak_leased_bytes = std::max(reg.peak_leased_bytes, reg.leased_bytes);
       std::size_t freed = 0;
       while (want >= (std::size_t{1} << 20) && freed < want && !c.idle.empty() &&
              double(reg.cached_bytes) > idle_ratio() * double(reg.leased_bytes)) {
@@ -229,17 +259,25 @@ struct buffer_lease {
 /// cache (`hits`) and by a fresh allocation (`misses`, `miss_bytes`), idle buffers given back to make room
 /// (`evicted`), buffers not cached because the cache was full (`dropped_full`), bytes idle and in use now.
 /// A training step that repeats the previous one's shapes should show no misses (bench_gpt2_step reports them).
+/// `peak_leased_bytes` is the most memory arrays held at once since the last `reset_buffer_cache_peak()`.
 struct buffer_cache_stats {
   std::int64_t hits = 0, misses = 0, miss_bytes = 0, evicted = 0, evicted_bytes = 0, dropped_full = 0,
                dropped_full_bytes = 0, dropped_shared = 0, dropped_shared_bytes = 0;
-  std::size_t idle_bytes = 0, leased_bytes = 0;
+  std::size_t idle_bytes = 0, leased_bytes = 0, peak_leased_bytes = 0;
 };
 inline buffer_cache_stats buffer_cache_statistics() {
   auto& r = detail::cache_registry::instance();
   std::lock_guard<std::mutex> lk(r.m);
   return {r.hits,         r.misses,          r.miss_bytes,   r.evicted,         r.evicted_bytes,
           r.dropped_full, r.dropped_full_bytes, r.dropped_shared, r.dropped_shared_bytes, r.cached_bytes,
-          r.leased_bytes};
+          r.leased_bytes, r.peak_leased_bytes};
+}
+
+/// Starts a new high-water mark of `buffer_cache_stats::peak_leased_bytes` at what arrays hold now.
+inline void reset_buffer_cache_peak() {
+  auto& r = detail::cache_registry::instance();
+  std::lock_guard<std::mutex> lk(r.m);
+  r.peak_leased_bytes = r.leased_bytes;
 }
 
 /// Frees every idle cached buffer (memory in use by live arrays is untouched).

@@ -1,4 +1,5 @@
-// models/llama_config.hpp: the Llama family's counts, RoPE description and checks.
+// models/llama_config.hpp: the Llama family's checks and its config sections' YAML (the counts and the RoPE
+// description are in llama_spec.cpp).
 #include <levanter/models/llama_config.hpp>
 
 #include <cmath>
@@ -13,71 +14,6 @@
 namespace levanter {
 
 using config::fmt_num;
-
-std::string_view family_type_name(llama_family f) {
-  switch (f) {
-    case llama_family::llama:
-      return LlamaConfig::type_name;
-    case llama_family::mistral:
-      return MistralConfig::type_name;
-    case llama_family::qwen2:
-      return QwenConfig::type_name;
-    case llama_family::qwen3:
-      return Qwen3Config::type_name;
-  }
-  return "llama";
-}
-
-haliax::nn::rope_spec rope_spec_of(const RopeChoice& r) {
-  namespace nn = haliax::nn;
-  return std::visit(
-      [](const auto& c) {
-        using C = std::decay_t<decltype(c)>;
-        nn::rope_spec s;
-        s.theta = c.theta;
-        s.factor = c.factor;
-        if constexpr (std::is_same_v<C, Llama3RopeConfig>) {
-          s.kind = nn::rope_kind::llama3;
-          s.low_freq_factor = c.low_freq_factor;
-          s.high_freq_factor = c.high_freq_factor;
-          s.original_max_position_embeddings = c.original_max_position_embeddings;
-        } else if constexpr (std::is_same_v<C, YarnRopeConfig>) {
-          s.kind = nn::rope_kind::yarn;
-          s.beta_fast = c.beta_fast;
-          s.beta_slow = c.beta_slow;
-          s.original_max_position_embeddings = c.original_max_position_embeddings;
-          s.mscale = c.mscale;
-        }
-        return s;
-      },
-      r.value);
-}
-
-std::int64_t LlamaConfig::parameter_count(std::int64_t vocab) const {
-  const std::int64_t E = hidden_dim, M = intermediate_dim, D = head_size(), H = num_heads, K = num_kv_heads;
-  const std::int64_t norm = (use_layer_norm_weight ? E : 0) + (use_bias ? E : 0);
-  std::int64_t attn = E * D * H + 2 * E * D * K + D * H * E;
-  if (qkv_bias()) attn += D * H + 2 * D * K;
-  if (o_bias()) attn += E;
-  if (qk_norm()) attn += 2 * ((use_layer_norm_weight ? D : 0) + (use_bias ? D : 0));
-  std::int64_t mlp = 3 * E * M + (use_bias ? 2 * M + E : 0);
-  std::int64_t layer = attn + mlp + 2 * norm + (hybrid_norm ? 2 * norm : 0);
-  std::int64_t total = num_layers * layer + norm + (input_embedding_norm ? norm : 0) + vocab * E;
-  if (!tied()) total += vocab * E;
-  return total;
-}
-
-double LlamaConfig::flops_per_token(std::int64_t vocab) const {
-  const bool mistral = family == llama_family::mistral;
-  const double E = hidden_dim, M = intermediate_dim, L = num_layers, S = seq_len, H = num_heads;
-  const double K = mistral ? H : num_kv_heads;
-  const double D = E / H;  // upstream uses hidden_dim / num_heads here even when head_dim is set
-  const double mlp = 2.0 * (mistral ? 2 : 3) * E * M;
-  const double qkv = 2.0 * E * (H * D + 2 * K * D);
-  const double dense = 2.0 * E * E;
-  const double attn = (2.0 * S * S * H * D + 3.0 * S * S * H + 2.0 * S * S * D * H) / S;
-  return L * (mlp + qkv + dense + attn) + 2.0 * E * double(vocab);
-}
 
 void validate(config::validator& v, const LlamaConfig& m) {
   namespace bounds = config::bounds;

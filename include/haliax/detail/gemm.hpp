@@ -1,11 +1,16 @@
-// Row-major GEMM on contiguous buffers: C[m,n] = op(A) op(B), through Kokkos Kernels BLAS (OpenBLAS on the
-// host, cuBLAS with a CUDA Kokkos); float products on the host under matmul_precision::bf16 go to oneDNN's
-// bfloat16 matmul (gemm_bf16.hpp). Private.
+// Row-major GEMM on contiguous buffers: C[m,n] = op(A) op(B), through OpenBLAS tiles on the host, cuBLAS with a
+// CUDA Kokkos, Kokkos Kernels BLAS on other devices; float products on the host under matmul_precision::bf16 go
+// to oneDNN's bfloat16 matmul (gemm_bf16.hpp). Private.
+//
+// HALIAX_HAVE_HOST_BLAS (set by the build when Kokkos Kernels and its host BLAS are there): a CUDA build made
+// without them (the device kit's, docs/portability.md) has cuBLAS for every array product and no cblas.h.
 #pragma once
 
+#if defined(HALIAX_HAVE_HOST_BLAS)
 #include <cblas.h>
 
 #include <KokkosBlas3_gemm.hpp>
+#endif
 #include <Kokkos_Core.hpp>
 #include <atomic>
 #include <chrono>
@@ -55,6 +60,7 @@ inline gemm_tiling make_gemm_tiling(std::int64_t batch, std::int64_t m, std::int
   return t;
 }
 
+#if defined(HALIAX_HAVE_HOST_BLAS)
 /// Host GEMM for float/double over `batch` independent problems, parallel over tiles on the haliax thread
 /// pool, each a single-threaded cblas call.
 template <class T>
@@ -199,6 +205,7 @@ void kokkos_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::in
     KokkosBlas::gemm(trans_a ? "T" : "N", trans_b ? "T" : "N", T(1), a, b, T(0), c);
   }
 }
+#endif  // HALIAX_HAVE_HOST_BLAS
 
 /// Time spent in GEMM, for benchmarks that report how much of a step is matrix multiplication. Off unless
 /// `enabled` is set (then each call pays two clock reads).
@@ -207,6 +214,9 @@ struct gemm_profile {
   static inline std::atomic<std::int64_t> nanoseconds{0};
   static inline std::atomic<std::int64_t> flops{0};
   static inline std::atomic<std::int64_t> calls{0};
+  /// Every GEMM `gemm_batched` ran (each one BLAS call, or one per problem), enabled or not: the device kit
+  /// counts vendor launches per step with it.
+  static inline std::atomic<std::int64_t> launches{0};
   static void reset() {
     nanoseconds = 0;
     flops = 0;
@@ -274,6 +284,8 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
   }
   constexpr bool host = std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
   constexpr bool real = std::is_same_v<T, float> || std::is_same_v<T, double>;
+  if constexpr (real) gemm_profile::launches.fetch_add(1, std::memory_order_relaxed);
+#if defined(HALIAX_HAVE_HOST_BLAS)
   if (real && host && !use_host_kernels()) {
     // The portable path on host memory (HALIAX_PORTABLE_KERNELS=1): Kokkos Kernels' GEMM per problem, as a
     // device build without cuBLAS does; BLAS single-threaded so the result does not depend on the thread count.
@@ -281,6 +293,9 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
     if constexpr (real) kokkos_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
     return;
   }
+#else
+  static_assert(!host, "haliax: a build for host memory needs the host BLAS (Kokkos Kernels and OpenBLAS)");
+#endif
   if constexpr (real && host) {
     auto run = [&] {
 #if defined(HALIAX_HAVE_ONEDNN)

@@ -37,7 +37,9 @@
 // thread count).
 #pragma once
 
+#if defined(HALIAX_HAVE_HOST_BLAS)
 #include <cblas.h>
+#endif
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -414,17 +416,28 @@ operand_layout describe(const std::array<std::int64_t, N>& s) {
 
 /// One GEMM on a tile, single-threaded BLAS: C = alpha op(A) op(B) + beta C, row-major with leading dims.
 /// Counted in `gemm_profile` when that is enabled, like every other haliax GEMM.
+/// (The host kernels run only on host memory; a device build without a host BLAS never calls this, and gets a
+/// plain loop in its place.)
 template <class T>
 void tile_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
                const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-  const auto opa = ta ? CblasTrans : CblasNoTrans;
-  const auto opb = tb ? CblasTrans : CblasNoTrans;
   auto call = [&] {
+#if defined(HALIAX_HAVE_HOST_BLAS)
+    const auto opa = ta ? CblasTrans : CblasNoTrans;
+    const auto opb = tb ? CblasTrans : CblasNoTrans;
     if constexpr (std::is_same_v<T, float>) {
       cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     } else {
       cblas_dgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
+#else
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        T acc = 0;
+        for (std::int64_t l = 0; l < k; ++l) acc += (ta ? a[l * lda + i] : a[i * lda + l]) * (tb ? b[j * ldb + l] : b[l * ldb + j]);
+        c[i * ldc + j] = alpha * acc + (beta == T(0) ? T(0) : beta * c[i * ldc + j]);
+      }
+#endif
   };
   using profile = haliax::detail::gemm_profile;
   if (!profile::enabled.load(std::memory_order_relaxed)) return call();
@@ -665,7 +678,9 @@ T* scratch(std::size_t n) {
 
 /// Makes OpenBLAS single-threaded: tiles run in parallel on the haliax pool, one BLAS call per task.
 inline void single_threaded_blas() {
+#if defined(HALIAX_HAVE_HOST_BLAS)
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+#endif
 }
 
 /// Forward of one query block of key/value element `kb`, for its query groups [h0, h1) (q elements

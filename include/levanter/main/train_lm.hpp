@@ -113,7 +113,7 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
         return compute_next_token_loss(m, mc, ex, z_loss, fo);
       },
       trainer_options{3.0 * mc.flops_per_token(vocab), static_cast<std::int64_t>(mc.seq_len),
-                      checkpoint_policy_of(mc)});
+                      checkpoint_policy_of(mc), matmul_shapes_of(mc, vocab), recomputed_flops_per_token(mc, vocab)});
   M fresh = M::init(mc, vocab, model_key);
   auto opt = trainer.make_optimizer(cfg.optimizer, fresh);
   train_state<M> state = trainer.initial_state(std::move(fresh), std::move(opt), training_key);
@@ -202,8 +202,9 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
     for (const auto& n : trainer.plan().notes) log("note: " + n);
   }
   log("OpenBLAS core " + openblas_core() + ", " + std::to_string(haliax::num_threads()) +
-      " threads" + (trainer.comm().size() > 1 ? " per rank" : "") + ", measured GEMM peak " +
-      std::to_string(static_cast<long long>(trainer.peak_flops() / 1e9)) + " GFLOP/s");
+      " threads" + (trainer.comm().size() > 1 ? " per rank" : "") + "; MFU is over the GEMM rate measured on this "
+      "model's products in the step's precision: " + std::to_string(static_cast<long long>(trainer.peak_flops() / 1e9)) +
+      " GFLOP/s" + (trainer.comm().size() > 1 ? " (all ranks)" : ""));
   const std::int64_t seq_len = mc.seq_len;
   auto res = trainer.train(state, [&](std::int64_t first, std::int64_t count) {
     return detail::training_batch(data, first, count, seq_len, eos, ignore);

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <tuple>
+#include <vector>
 
 #include <levanter/config/section.hpp>
 #include <levanter/config/types.hpp>
+#include <levanter/models/matmul_shape.hpp>
 
 namespace levanter::config {
 struct validator;
@@ -48,6 +50,13 @@ struct Gpt2Config {
                               + E * M + b * M          // c_fc
                               + M * E + b * E;         // mlp c_proj
     return vocab * E + int64_t(seq_len) * E + L * per_layer + 2 * E;
+  }
+
+  /// The forward pass's matrix products (c_attn, attention c_proj, c_fc, mlp c_proj per layer; the tied LM head).
+  std::vector<matmul_shape> matmul_shapes(int64_t vocab) const {
+    const int64_t E = hidden_dim, M = mlp_dim();
+    const double L = num_layers;
+    return {{3 * E, E, L}, {E, E, L}, {M, E, L}, {E, M, L}, {vocab, E, 1}};
   }
 
   /// Forward FLOPs per token (a multiply-add counts 2) as upstream `lm_flops_per_token` (glu=False): the

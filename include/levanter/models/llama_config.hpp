@@ -15,10 +15,12 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include <haliax/nn/rotary.hpp>
 #include <levanter/config/section.hpp>
 #include <levanter/config/types.hpp>
+#include <levanter/models/matmul_shape.hpp>
 
 namespace levanter::config {
 struct validator;
@@ -134,6 +136,9 @@ struct LlamaConfig {
   /// Forward FLOPs per token as upstream `lm_flops_per_token` (glu=True; Mistral upstream counts glu=False and
   /// num_kv_heads = num_heads, which we follow for that type).
   double flops_per_token(std::int64_t vocab) const;
+
+  /// The forward pass's matrix products: q, k, v and o, gate, up and down per layer, and the LM head.
+  std::vector<matmul_shape> matmul_shapes(std::int64_t vocab) const;
 };
 
 /// `model: {type: mistral}` (upstream MistralConfig's defaults).

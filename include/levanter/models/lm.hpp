@@ -17,11 +17,13 @@
 #include <optional>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include <boost/hana/concept/struct.hpp>
 #include <haliax/core.hpp>
 #include <haliax/nn/stacked.hpp>
 #include <haliax/random.hpp>
+#include <levanter/models/matmul_shape.hpp>
 
 namespace levanter {
 
@@ -149,6 +151,26 @@ hax::nn::checkpoint_policy checkpoint_policy_of(const C& c) {
     return c.gradient_checkpointing ? hax::nn::checkpoint_policy::per_layer : hax::nn::checkpoint_policy::none;
   else
     return hax::nn::checkpoint_policy::none;
+}
+
+/// The forward pass's matrix products for configs that list them (`matmul_shapes(vocab)`), else none: the trainer
+/// then measures its GEMM peak on a square product.
+template <class C>
+std::vector<matmul_shape> matmul_shapes_of(const C& c, std::int64_t vocab) {
+  if constexpr (requires { c.matmul_shapes(vocab); })
+    return c.matmul_shapes(vocab);
+  else
+    return {};
+}
+
+/// Forward FLOPs per token that gradient checkpointing runs again in backward: every layer's (the forward less the
+/// LM head's 2 x hidden_dim x vocab, for configs that have hidden_dim), nothing without checkpointing.
+template <class C>
+double recomputed_flops_per_token(const C& c, std::int64_t vocab) {
+  if (checkpoint_policy_of(c) == hax::nn::checkpoint_policy::none) return 0.0;
+  double head = 0;
+  if constexpr (requires { c.hidden_dim; }) head = 2.0 * double(c.hidden_dim) * double(vocab);
+  return c.flops_per_token(vocab) - head;
 }
 
 /// The next-token loss of `m` on `ex` (upstream `compute_next_token_loss(model, example)`).

@@ -17,11 +17,13 @@
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <haliax/precision.hpp>
 #include <levanter/config/types.hpp>
 #include <levanter/distributed/comm.hpp>
 #include <levanter/io/dir_lock.hpp>
+#include <levanter/models/matmul_shape.hpp>
 #include <levanter/tracker/tracker.hpp>
 #include <levanter/trainer/config.hpp>
 
@@ -44,19 +46,25 @@ void check_finite(double value, const char* metric, std::int64_t step, bool cras
 /// The OpenBLAS kernel family in use (e.g. "Haswell", "SkylakeX").
 std::string openblas_core();
 
-/// The GEMM rate this process reaches through haliax's deterministic tiled GEMM on a square float problem (FLOP/s)
-/// in matmul precision `p` (bf16: the bfloat16 GEMM where it runs): the denominator of the MFU we report. Takes
-/// about a quarter of a second.
-double measure_gemm_peak(std::int64_t n = 1024, int reps = 3,
+/// The GEMM rate (FLOP/s) this process reaches through haliax's own GEMM, the one the step runs (every thread of
+/// the process, or the device), in matmul precision `p` (bf16: the bfloat16 GEMM where it runs), on the model's
+/// products with `m` rows: the denominator of the MFU we report. The shapes' rates are weighted by the FLOPs the
+/// step spends in each. On host memory `m` is capped so that one pass over the shapes costs at most 5e10 FLOPs
+/// (about a quarter of a second at 200 GFLOP/s); the best of two timed passes after a warm-up is kept. Without
+/// shapes, a 1024^3 product.
+double measure_gemm_peak(const std::vector<matmul_shape>& shapes, std::int64_t m,
                          haliax::matmul_precision p = haliax::matmul_precision::f32);
 
 /// "1h02m", "3m05s", "42s".
 std::string human_duration(double seconds);
 
 /// Throughput bookkeeping over a run (upstream `log_performance_stats`): tokens/s, model FLOP/s and MFU.
+/// `throughput/mfu` counts the model's FLOPs (3 x forward); `throughput/hfu` the hardware's, which add the forward
+/// passes gradient checkpointing recomputes (upstream's MFU and HFU).
 struct throughput_meter {
-  double flops_per_token = 0;  ///< training FLOPs per token (forward + backward)
-  double peak_flops = 0;       ///< the machine's measured GEMM rate
+  double flops_per_token = 0;           ///< training FLOPs per token (forward + backward)
+  double hardware_flops_per_token = 0;  ///< the same plus recomputed forwards (0: as flops_per_token)
+  double peak_flops = 0;                ///< the job's measured GEMM rate (every rank's added)
   std::int64_t total_tokens = 0;
   double total_seconds = 0;
   /// The `throughput/*` metrics of one step.

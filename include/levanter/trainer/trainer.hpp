@@ -109,6 +109,10 @@ struct trainer_options {
   double flops_per_token = 0;          ///< training FLOPs per token (3x forward), for MFU
   std::int64_t tokens_per_example = 0;  ///< sequence length
   haliax::nn::checkpoint_policy checkpointing = haliax::nn::checkpoint_policy::none;
+  /// The step's matrix products (one forward pass): the measured peak that MFU divides by is the GEMM rate on them.
+  std::vector<matmul_shape> gemm_shapes = {};
+  /// FLOPs per token that gradient checkpointing adds by recomputing forwards (for HFU; 0 without checkpointing).
+  double recompute_flops_per_token = 0;
 };
 
 template <class M>
@@ -125,9 +129,13 @@ class Trainer {
           distributed::communicator& comm = distributed::world())
       : cfg_(cfg), run_(run), loss_(std::move(loss)), opts_(o), comm_(comm),
         plan_(distributed::make_plan(cfg_, comm.size(), model_axes())),
-        ck_policy_(checkpoint::policy_from_config(cfg.checkpointer, run.id())),
-        peak_flops_(measure_gemm_peak(1024, 3, matmul_precision_of(cfg))) {
+        ck_policy_(checkpoint::policy_from_config(cfg.checkpointer, run.id())) {
     plan_.trainer = &cfg_;
+    // The GEMM rate on the model's products at this rank's micro-batch, in the step's precision, added over the
+    // ranks (each measured with its share of the machine): the job's peak, which MFU divides by.
+    peak_flops_ = distributed::allreduce_sum(
+        comm_, measure_gemm_peak(opts_.gemm_shapes, plan_.micro_batch(0) * opts_.tokens_per_example,
+                                 matmul_precision_of(cfg)));
     data_ = &comm_;
     if (plan_.mesh.model > 1) {
       // Ranks r = d * T + t: model groups are T consecutive ranks (same d), data groups the ranks with the same t.
@@ -167,8 +175,9 @@ class Trainer {
   run_context& run() { return run_; }
   /// Where this run's checkpoints go (`<base_path>/<run id>` unless append_run_id_to_base_path is false).
   const std::filesystem::path& checkpoint_path() const { return ck_policy_.base_path; }
-  /// The GEMM rate measured on this machine when the Trainer was made, in the precision trainer.mp computes in (the
-  /// bfloat16 GEMM's rate under p=f32,c=bfloat16 where it runs): the denominator of MFU.
+  /// The GEMM rate measured when the Trainer was made (`measure_gemm_peak` on the model's products, every rank's
+  /// added), in the precision trainer.mp computes in (the bfloat16 GEMM's rate under p=f32,c=bfloat16 where it
+  /// runs): the denominator of MFU.
   double peak_flops() const { return peak_flops_; }
 
   void add_hook(hook<M> h) { hooks_.push_back(std::move(h)); }
@@ -315,6 +324,7 @@ class Trainer {
 
     throughput_meter meter;
     meter.flops_per_token = opts_.flops_per_token;
+    meter.hardware_flops_per_token = opts_.flops_per_token + opts_.recompute_flops_per_token;
     meter.peak_flops = peak_flops_;
     const watch::options watch_opts{t.watch.include_norms, t.watch.include_per_parameter_norms,
                                     t.watch.include_histograms, t.watch.split_scan_layers};
