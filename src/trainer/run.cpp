@@ -69,6 +69,19 @@ std::string openblas_core() {
 #endif
 }
 
+namespace {
+// Operands for the peak measurement: values in [-0.5, 0.5) from a hash of the index (never constants or zeros,
+// which some GEMM units multiply faster than real data).
+void fill_operand(float* p, std::int64_t n, std::uint32_t salt) {
+  Kokkos::parallel_for(
+      "levanter::gemm_peak(fill)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const std::uint32_t h = (static_cast<std::uint32_t>(i) ^ salt) * 2654435761u;
+        p[i] = static_cast<float>(h >> 8) * (1.0f / 16777216.0f) - 0.5f;
+      });
+}
+}  // namespace
+
 double measure_gemm_peak(const std::vector<matmul_shape>& shapes_in, std::int64_t m, haliax::matmul_precision p) {
   // In the arrays' memory space (device memory on a GPU build), fenced, so the rate is the device's.
   haliax::detail::ensure_initialized();
@@ -90,8 +103,8 @@ double measure_gemm_peak(const std::vector<matmul_shape>& shapes_in, std::int64_
     view a("levanter::gemm_peak(a)", static_cast<std::size_t>(m * k)),
         b("levanter::gemm_peak(b)", static_cast<std::size_t>(k * n)),
         c("levanter::gemm_peak(c)", static_cast<std::size_t>(m * n));
-    Kokkos::deep_copy(a, 0.5f);
-    Kokkos::deep_copy(b, 0.25f);
+    fill_operand(a.data(), m * k, 0x5bd1e995u);
+    fill_operand(b.data(), k * n, 0x27d4eb2fu);
     double best = 1e300;
     for (int r = 0; r < 3; ++r) {
       Kokkos::fence();

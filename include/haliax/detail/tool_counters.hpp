@@ -194,10 +194,12 @@ struct timer_state {
 #if defined(KOKKOS_ENABLE_CUDA)
   std::vector<cudaEvent_t> pool;
   std::size_t used = 0;
+  // Called from Kokkos' callbacks, which must not throw: null when no event can be made (the record is then not
+  // timed).
   cudaEvent_t event() {
     if (used == pool.size()) {
       cudaEvent_t e = nullptr;
-      if (cudaEventCreate(&e) != cudaSuccess) throw std::runtime_error("haliax tools::kernel_timer: cudaEventCreate failed");
+      if (cudaEventCreate(&e) != cudaSuccess) return nullptr;
       pool.push_back(e);
     }
     return pool[used++];
@@ -217,7 +219,7 @@ inline void open_record(const char* name) {
 #if defined(KOKKOS_ENABLE_CUDA)
   r.begin = s.event();
   r.end = s.event();
-  cudaEventRecord(r.begin, Kokkos::DefaultExecutionSpace().cuda_stream());
+  if (r.begin) cudaEventRecord(r.begin, Kokkos::DefaultExecutionSpace().cuda_stream());
 #else
   r.begin = std::chrono::steady_clock::now();
 #endif
@@ -230,7 +232,7 @@ inline void close_record() {
   auto& r = s.records[static_cast<std::size_t>(s.open.back())];
   s.open.pop_back();
 #if defined(KOKKOS_ENABLE_CUDA)
-  cudaEventRecord(r.end, Kokkos::DefaultExecutionSpace().cuda_stream());
+  if (r.end) cudaEventRecord(r.end, Kokkos::DefaultExecutionSpace().cuda_stream());
 #else
   r.end = std::chrono::steady_clock::now();
 #endif
@@ -282,7 +284,7 @@ class kernel_timer {
       const auto& r = s.records[i];
 #if defined(KOKKOS_ENABLE_CUDA)
       float ms = 0;
-      if (cudaEventElapsedTime(&ms, r.begin, r.end) == cudaSuccess) incl[i] = 1e-3 * ms;
+      if (r.begin && r.end && cudaEventElapsedTime(&ms, r.begin, r.end) == cudaSuccess) incl[i] = 1e-3 * ms;
 #else
       incl[i] = std::chrono::duration<double>(r.end - r.begin).count();
 #endif
