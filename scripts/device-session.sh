@@ -124,6 +124,7 @@ ds=(env LD_LIBRARY_PATH="$kit_ld" "$exe" --out "$out")
 run env 30 "${ds[@]}" --stage env
 run checks 90 "${ds[@]}" --stage checks
 run ceilings 60 "${ds[@]}" --stage ceilings
+run ops 60 "${ds[@]}" --stage ops
 run gpt2-bf16 120 "${ds[@]}" --stage step --model gpt2 --precision bf16 --batch $B --seq $S --kernels
 run repro-1 45 "${ds[@]}" --stage repro --precision bf16 --batch $RB --seq $RS --steps 3
 run repro-2 45 "${ds[@]}" --stage repro --precision bf16 --batch $RB --seq $RS --steps 3
@@ -144,7 +145,7 @@ elif wanted peer-torch; then
 fi
 run gpt2-f32 120 "${ds[@]}" --stage step --model gpt2 --precision f32 --batch $B --seq $S
 run llama-bf16 150 "${ds[@]}" --stage step --model llama1b --precision bf16 --batch $LB --seq $LS
-run gpt2-bf16-max 150 "${ds[@]}" --stage step --model gpt2 --precision bf16 --batch max --seq $S
+run gpt2-bf16-max 150 "${ds[@]}" --stage step --model gpt2 --precision bf16 --batch max --seq $S --steps 2
 
 # train_lm itself on the device: config/gpt2_nano.yaml (100 steps, 10 with --small), twice, the same losses expected.
 [ -n "$train_lm" ] || { [ -x "$bin/train_lm" ] && train_lm=$bin/train_lm; }

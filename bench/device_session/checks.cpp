@@ -1,4 +1,4 @@
-// device_session --stage checks: every kernel a training step runs on the device, against a plain double-precision
+// device_session --stage checks and --stage ops. checks: every kernel a training step runs on the device, against a plain double-precision
 // host computation of the same function, on fresh random data (the seed is printed: --seed N repeats a run).
 // The stage runs with HALIAX_POISON_BUFFERS=1 (main.cpp), so every array buffer starts as NaN/-1 and an output
 // element a kernel forgot to write shows up; every op runs twice and the two results must be bitwise equal.
@@ -633,6 +633,73 @@ void check_adamw(checker& k) {
 }
 
 }  // namespace
+
+int stage_ops(const options& o) {
+  // The step's memory-bound kernels at GPT-2 124M's 8 x 1024 sizes (small: 512 tokens, vocabulary 4096), each
+  // timed alone (median of 5 after a warm-up) on random data, as bytes moved per second against a deep_copy of
+  // as many bytes measured in the same run. A kernel far under the copy rate is one of GPU.md's suspects.
+  const std::int64_t T = o.small ? 512 : 8 * 1024, V = o.small ? 4096 : 50257, D = o.small ? 128 : 768;
+  const std::int64_t P = o.small ? 1'000'000 : 124'439'808;  // AdamW: GPT-2 124M's parameter count
+  auto x = hax::zeros<float>(T * Tok, V * Vocab);
+  fill_random(x.data(), T * V, 21, 4.0f);
+  auto y = hax::zeros<float>(T * Tok, V * Vocab);
+  const double big = double(T) * double(V) * sizeof(float);
+  const double copy_s = median_time([&] { Kokkos::deep_copy(y.view(), x.view()); });
+  const double copy_rate = 2 * big / copy_s;
+  row("ops vs copy", "copy (deep_copy)", fmt("%.0f GB/s", copy_rate * 1e-9), "reference",
+      fmt("%lld x %lld floats", (long long)T, (long long)V));
+  auto report = [&](const std::string& name, double bytes, double secs) {
+    std::printf("%-44s %9.3f ms %8.1f GB/s  %.2f of copy\n", name.c_str(), secs * 1e3, bytes / secs * 1e-9,
+                bytes / secs / copy_rate);
+    row("ops vs copy", name, fmt("%.3f ms, %.0f GB/s", secs * 1e3, bytes / secs * 1e-9),
+        fmt("%.2f of copy", bytes / secs / copy_rate));
+  };
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t) ids[static_cast<std::size_t>(t)] = std::int32_t((t * 7919) % V);
+  auto tg = hax::from_host<std::int32_t>(ids, T * Tok);
+  auto row_v = hax::zeros<float>(V * Vocab);
+  fill_random(row_v.data(), V, 22);
+  report("softmax, last axis (vocabulary)", 2 * big, median_time([&] { auto p = nn::softmax(x, Vocab); }));
+  report("logsumexp, last axis", big, median_time([&] { auto l = nn::logsumexp(x, Vocab); }));
+  report("broadcast add of a row", 2 * big, median_time([&] { auto z = x + row_v; }));
+  report("sum over the first axis (column sums)", big, median_time([&] { auto c = hax::sum(x, Tok); }));
+  report("cross-entropy loss, forward", big, median_time([&] { (void)nn::cross_entropy_loss(x, Vocab, tg).item(); }));
+  report("cross-entropy loss, forward + backward", 3 * big, median_time([&] {
+           auto [l, g] = hax::value_and_grad([&](const mat& a) { return nn::cross_entropy_loss(a, Vocab, tg); })(x);
+         }));
+  y = {};
+  auto h = hax::zeros<float>(T * Tok, D * Embed);
+  fill_random(h.data(), T * D, 23);
+  const double act = double(T) * double(D) * sizeof(float);
+  using act_t = named_array<float, axes<Tok, Embed>>;
+  report("standardize (LayerNorm), forward", 2 * act, median_time([&] { auto z = nn::standardize(h, Embed); }));
+  report("standardize, forward + backward", 5 * act, median_time([&] {
+           auto [l, g] = hax::value_and_grad([&](const act_t& a) { return hax::sum(nn::standardize(a, Embed)); })(h);
+         }));
+  auto h4 = hax::zeros<float>(T * Tok, 4 * D * Embed);
+  fill_random(h4.data(), T * 4 * D, 24);
+  report("gelu_new (MLP width)", 8 * act, median_time([&] { auto z = nn::gelu_new(h4); }));
+  h4 = {};
+  x = {};
+  {
+    namespace aw = levanter::optim::detail::adamw;
+    auto p = hax::zeros<float>(P * Tok), g = hax::zeros<float>(P * Tok), m = hax::zeros<float>(P * Tok),
+         v = hax::zeros<float>(P * Tok);
+    fill_random(p.data(), P, 25);
+    fill_random(g.data(), P, 26, 1e-3f);
+    std::vector<aw::chunk_ref> refs;
+    for (std::int64_t b0 = 0; b0 < P; b0 += 32768)
+      refs.push_back({p.data() + b0, g.data() + b0, m.data() + b0, v.data() + b0, std::min<std::int64_t>(32768, P - b0),
+                      true, 1, 1});
+    aw::consts c{};
+    c.b1 = 0.9f, c.omb1 = 0.1f, c.b2 = 0.95f, c.omb2 = 0.05f, c.eps = 1e-8f;
+    c.bc1 = 0.1f, c.bc1_next = 0.19f, c.bc2 = 0.05f, c.wd = 0.1f, c.neg_lr = -6e-4f;
+    // p, g, m, v read; p, m, v written
+    report(fmt("AdamW fused pass, %.1fM parameters", double(P) * 1e-6), 7.0 * 4.0 * double(P),
+           median_time([&] { aw::run_chunks_portable(c, aw::chunk_job::fused, false, refs); }, 3));
+  }
+  return 0;
+}
 
 int stage_checks(const options& o) {
   checker k;

@@ -122,6 +122,7 @@ bool on_gpu();
 
 int stage_env(const options& o);
 int stage_checks(const options& o);
+int stage_ops(const options& o);
 int stage_ceilings(const options& o);
 int stage_step(const options& o);
 int stage_repro(const options& o);

@@ -9,6 +9,8 @@
 //   device_session --stage checks               every portable and vendor kernel against a host f64 reference,
 //                                               fresh random data, poisoned outputs, each run twice (bitwise)
 //   device_session --stage ceilings             copy bandwidth, vendor GEMM rates (f32, bf16) on the step's shapes
+//   device_session --stage ops                  the step's memory-bound kernels (softmax, cross-entropy, LayerNorm,
+//                                               broadcasts, column sums, GELU, AdamW) against the copy bandwidth
 //   device_session --stage step --model gpt2 --precision bf16 --batch 8 --seq 1024 [--kernels]
 //                                               a training step: s/step, tokens/s, MFU, forward/backward/update,
 //                                               kernels, fences, allocations and cache misses per step,
@@ -321,7 +323,7 @@ int stage_ceilings(const options& o) {
 namespace {
 
 void usage() {
-  std::cerr << "usage: device_session --stage env|checks|ceilings|step|repro [--small] [--model gpt2|llama1b]\n"
+  std::cerr << "usage: device_session --stage env|checks|ceilings|ops|step|repro [--small] [--model gpt2|llama1b]\n"
                "       [--precision f32|bf16] [--batch N|max] [--seq N] [--steps N] [--kernels] [--out DIR]\n"
                "       [--tag NAME] [--seed N]\n";
 }
@@ -377,6 +379,7 @@ int main(int argc, char** argv) {
   try {
     if (o.stage == "env") return kit::stage_env(o);
     if (o.stage == "checks") return kit::stage_checks(o);
+    if (o.stage == "ops") return kit::stage_ops(o);
     if (o.stage == "ceilings") return kit::stage_ceilings(o);
     if (o.stage == "step") return kit::stage_step(o);
     if (o.stage == "repro") return kit::stage_repro(o);
