@@ -120,16 +120,7 @@ void profiler::start() {
 }
 
 void profiler::stop() {
-  namespace E = Kokkos::Tools::Experimental;
-  E::set_begin_parallel_for_callback(nullptr);
-  E::set_end_parallel_for_callback(nullptr);
-  E::set_begin_parallel_reduce_callback(nullptr);
-  E::set_end_parallel_reduce_callback(nullptr);
-  E::set_begin_parallel_scan_callback(nullptr);
-  E::set_end_parallel_scan_callback(nullptr);
-  if (haliax::detail::device_guard::active()) haliax::detail::device_guard::install_kernel_callbacks();
-  E::set_push_region_callback(nullptr);
-  E::set_pop_region_callback(nullptr);
+  haliax::detail::profile::remove_kernel_callbacks();
   haliax::detail::profile::flops_hook().store(nullptr);
   auto& s = state();
   std::lock_guard lk(s.mu);

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <string>
 
+#include "device_guard.hpp"
+
 namespace haliax::detail::profile {
 
 /// Receives the FLOP count of the innermost open region (set by a profiler; null when none listens).
@@ -37,5 +39,21 @@ class region {
  private:
   bool on_ = false;
 };
+
+/// Removes the kernel and region callbacks a listener installed (levanter's op profiler, the device kit's counters
+/// and kernel timer): Kokkos has one set, so a listener that stops clears them; the device guard's kernel callbacks
+/// come back when the guard is on.
+inline void remove_kernel_callbacks() {
+  namespace E = Kokkos::Tools::Experimental;
+  E::set_begin_parallel_for_callback(nullptr);
+  E::set_end_parallel_for_callback(nullptr);
+  E::set_begin_parallel_reduce_callback(nullptr);
+  E::set_end_parallel_reduce_callback(nullptr);
+  E::set_begin_parallel_scan_callback(nullptr);
+  E::set_end_parallel_scan_callback(nullptr);
+  if (device_guard::active()) device_guard::install_kernel_callbacks();
+  E::set_push_region_callback(nullptr);
+  E::set_pop_region_callback(nullptr);
+}
 
 }  // namespace haliax::detail::profile

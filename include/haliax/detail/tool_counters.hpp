@@ -24,6 +24,7 @@
 
 #include "device_guard.hpp"
 #include "gemm.hpp"
+#include "profile.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA)
 #include <cuda_runtime.h>
@@ -67,14 +68,7 @@ inline void claim(const char* who) {
 }
 inline void release_all() {
   namespace E = Kokkos::Tools::Experimental;
-  E::set_begin_parallel_for_callback(nullptr);
-  E::set_end_parallel_for_callback(nullptr);
-  E::set_begin_parallel_reduce_callback(nullptr);
-  E::set_end_parallel_reduce_callback(nullptr);
-  E::set_begin_parallel_scan_callback(nullptr);
-  E::set_end_parallel_scan_callback(nullptr);
-  E::set_push_region_callback(nullptr);
-  E::set_pop_region_callback(nullptr);
+  profile::remove_kernel_callbacks();
   E::set_begin_fence_callback(nullptr);
   E::set_allocate_data_callback(nullptr);
   E::set_deallocate_data_callback(nullptr);
