@@ -407,6 +407,63 @@ TEST_CASE("checkpoint: a changed byte anywhere in a checkpoint's files is detect
   fs::remove_all(base);
 }
 
+TEST_CASE("checkpoint: a file of the format missing from metadata.json's list is damage, and changes are not missed") {
+  auto base = temp_dir("manifest");
+  const auto t0 = std::chrono::system_clock::now();
+  const auto a = model(1), b = model(2);
+  save(base, a, 10, false, t0);
+  const auto newest = save(base, b, 20, false, t0 + std::chrono::seconds(1));
+  // Take model.h5 out of the manifest (file list and checksum), then change its bytes: the load must not trust it.
+  auto meta = nlohmann::json::parse(slurp(newest / "metadata.json"));
+  meta["files"].erase("model.h5");
+  meta["checksums"].erase("model.h5");
+  std::ofstream(newest / "metadata.json", std::ios::trunc) << meta.dump(2);
+  {
+    std::string damaged = slurp(newest / "model.h5");
+    damaged[damaged.size() / 2] ^= 0x10;
+    std::ofstream(newest / "model.h5", std::ios::binary | std::ios::trunc) << damaged;
+  }
+  CHECK_THROWS_WITH_AS(ck::verify_files(ck::read_metadata(newest).value()),
+                       doctest::Contains("metadata.json does not list 'model.h5'"), ck::error);
+  std::vector<std::string> log;
+  auto m = model(3);
+  std::int64_t step = -1;
+  auto load = [&](const ck::checkpoint_info& c) { step = ck::load_train_state<LMHeadModel>(c, m, nullptr, false).step; };
+  CHECK(ck::resume_newest(base, load, [&](const std::string& s) { log.push_back(s); }) == ck::resume_outcome::loaded);
+  CHECK(step == 10);
+  CHECK(values(m) == values(a));
+  REQUIRE(log.size() == 1);
+  CHECK(log[0].find("does not list 'model.h5'") != std::string::npos);
+  // Any other file of the format present but unlisted is damage too.
+  const auto older = base / "step-10";
+  auto meta10 = nlohmann::json::parse(slurp(older / "metadata.json"));
+  REQUIRE(meta10["files"].contains("training_state.h5"));
+  meta10["files"].erase("training_state.h5");
+  std::ofstream(older / "metadata.json", std::ios::trunc) << meta10.dump(2);
+  CHECK_THROWS_WITH_AS(ck::verify_files(ck::read_metadata(older).value()),
+                       doctest::Contains("'training_state.h5' is in the directory but metadata.json does not list it"),
+                       ck::error);
+  fs::remove_all(base);
+}
+
+TEST_CASE("checkpoint: a plain file where a step directory should be is reported with its reason") {
+  auto base = temp_dir("stepfile");
+  const auto t0 = std::chrono::system_clock::now();
+  save(base, model(1), 10, false, t0);
+  const auto newest = save(base, model(2), 20, false, t0 + std::chrono::seconds(1));
+  fs::remove_all(newest);
+  std::ofstream(newest) << "not a checkpoint";
+  auto m = model(3);
+  std::int64_t step = -1;
+  auto load = [&](const ck::checkpoint_info& c) { step = ck::load_train_state<LMHeadModel>(c, m, nullptr, false).step; };
+  std::vector<std::string> log;
+  CHECK(ck::resume_newest(base, load, [&](const std::string& s) { log.push_back(s); }) == ck::resume_outcome::loaded);
+  CHECK(step == 10);
+  REQUIRE(log.size() == 1);
+  CHECK(log[0].find("step-20' is not a directory") != std::string::npos);
+  fs::remove_all(base);
+}
+
 TEST_CASE("checkpoint: step directories without metadata.json are reported and never trained over") {
   auto base = temp_dir("nometa");
   const auto t0 = std::chrono::system_clock::now();

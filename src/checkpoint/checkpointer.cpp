@@ -133,6 +133,17 @@ std::optional<checkpoint_info> read_metadata(const fs::path& dir) {
 void verify_files(const checkpoint_info& info, bool check_contents) {
   const auto& m = info.metadata;
   if (!m.contains("files")) return;
+  // The manifest vouches for every file the loaders read: one the directory holds but metadata.json does not list
+  // has no recorded size or checksum, so its bytes are unchecked; that is damage, like a wrong checksum.
+  if (!m["files"].contains("model.h5"))
+    throw error("checkpoint '" + info.path.string() + "' is damaged: metadata.json does not list 'model.h5', which "
+                "every checkpoint has");
+  for (const char* name : format_files()) {
+    std::error_code ec;
+    if (fs::exists(info.path / name, ec) && !m["files"].contains(name))
+      throw error("checkpoint '" + info.path.string() + "' is damaged: '" + name + "' is in the directory but "
+                  "metadata.json does not list it, so nothing vouches for its bytes");
+  }
   for (const auto& [name, size] : m["files"].items()) {
     const fs::path p = info.path / name;
     std::error_code ec;
@@ -168,13 +179,19 @@ discovery discover(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return out;
   consider(path);
+  static const std::regex step_dir("step-[0-9]+");
   for (const auto& entry : fs::directory_iterator(path, ec)) {
-    if (!entry.is_directory(ec)) continue;
     const auto name = entry.path().filename().string();
+    if (!entry.is_directory(ec)) {
+      // Where a step's directory should be there is something else: say so rather than pass over it.
+      if (std::regex_match(name, step_dir))
+        out.problems.push_back("'" + entry.path().string() + "' is not a directory (a checkpoint is a directory "
+                               "holding metadata.json); move it away");
+      continue;
+    }
     if (name.empty() || name[0] == '.') continue;
     const auto before = out.checkpoints.size() + out.problems.size();
     consider(entry.path());
-    static const std::regex step_dir("step-[0-9]+");
     if (out.checkpoints.size() + out.problems.size() == before && std::regex_match(name, step_dir))
       out.incomplete.push_back(entry.path().string());
   }

@@ -9,7 +9,8 @@
 // config.yaml (10 and 4 bytes). discover(<base>) reads them; verify_files checks each checkpoint found, with and
 // without contents. The contract checked: read_metadata and verify_files throw checkpoint::error or nothing (callers
 // such as resume_newest catch only that), a checkpoint found has a non-negative step, and one verify_files accepts
-// lists only files that exist with the sizes (and CRC-32s) it records. With FUZZ_MEMORY_ONLY=1 in the environment
+// lists only files that exist with the sizes (and CRC-32s) it records, and lists every file of the format the
+// directory holds (model.h5 and config.yaml here). With FUZZ_MEMORY_ONLY=1 in the environment
 // only sanitizer reports, crashes and hangs are findings.
 // The seeds in checkpoint_metadata-seeds/ are metadata.json files written by train_lm and by write_checkpoint.
 #include <unistd.h>
@@ -46,6 +47,10 @@ void write(const fs::path& p, std::string_view bytes) {
 
 void check_verified(const ck::checkpoint_info& c) {
   if (!c.metadata.is_object() || !c.metadata.contains("files")) return;
+  // The manifest vouches for every file of the format the directory holds (model.h5 always).
+  if (!c.metadata["files"].contains("model.h5")) __builtin_trap();
+  for (const char* f : ck::format_files())
+    if (fs::exists(c.path / f) && !c.metadata["files"].contains(f)) __builtin_trap();
   for (const auto& [name, size] : c.metadata["files"].items()) {
     std::error_code ec;
     const auto actual = fs::file_size(c.path / name, ec);

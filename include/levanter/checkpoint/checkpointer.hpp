@@ -14,6 +14,8 @@
 // thread from an in-memory snapshot, one at a time.
 #pragma once
 
+#include <array>
+
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -53,9 +55,16 @@ struct checkpoint_info {
 /// write never committed). Throws `error` when metadata.json exists but cannot be parsed.
 std::optional<checkpoint_info> read_metadata(const fs::path& dir);
 
+/// The files a checkpoint of this format may hold besides metadata.json (model.h5 always; the others when the run
+/// had them): `train_state_files` writes them, the loaders read them.
+inline constexpr std::array<const char*, 4> format_files() {
+  return {"model.h5", "opt_state.h5", "training_state.h5", "config.yaml"};
+}
+
 /// Checks that every file metadata.json lists exists with its recorded size and, when `check_contents`, that its
-/// bytes match the CRC-32 recorded under "checksums" (format_version 2; version 1 checkpoints have none). Throws
-/// `error` naming the checkpoint, the file and what is wrong.
+/// bytes match the CRC-32 recorded under "checksums" (format_version 2; version 1 checkpoints have none); and, for
+/// checkpoints with a file list, that the list names model.h5 and every one of `format_files()` the directory holds.
+/// Throws `error` naming the checkpoint, the file and what is wrong.
 void verify_files(const checkpoint_info& info, bool check_contents = true);
 
 /// What `discover` found under a path.
