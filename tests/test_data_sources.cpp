@@ -98,6 +98,16 @@ TEST_CASE("brace expansion matches Python braceexpand") {
   CHECK(brace_expand("shard-{0000..0127}.jsonl").back() == "shard-0127.jsonl");
   CHECK(error_of([] { brace_expand("a{b,c"); }).find("unbalanced braces") != std::string::npos);
   CHECK(error_of([] { brace_expand("a}b"); }).find("'a}b'") != std::string::npos);
+  // Bounded: a pattern naming more than 100000 files is refused before anything is built (it used to end in
+  // std::bad_alloc), whether by one range, nested ranges, or ends too large for a range at all.
+  CHECK(error_of([] { brace_expand("x{1..100000000}.jsonl"); }).find("the range {1..100000000} alone: 100000000 names") !=
+        std::string::npos);
+  const std::string nested = error_of([] { brace_expand("{1..1000}{1..1000}{1..1000}"); });
+  CHECK(nested.find("expands to 1000 x 1000 names") != std::string::npos);
+  CHECK(error_of([] { brace_expand("a{1..99999999999999999999999}"); }).find("whose ends are too large") !=
+        std::string::npos);
+  CHECK(error_of([] { brace_expand("{1..1000}{a,b}{1..100}{1..2}"); }).find("at most 100000 names") != std::string::npos);
+  CHECK(brace_expand("s{0..99999}").size() == 100000);
 }
 
 TEST_CASE("URL lists expand braces in order and globs sorted, and refuse what they cannot read") {

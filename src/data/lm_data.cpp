@@ -138,7 +138,13 @@ lm_data::lm_data(const LmDataConfig& d, const options& o) : tok_(make_tokenizer(
   const auto encode = make_encode_fn(tok_, true, d.enforce_eos);
   auto open = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {
     const auto dir = detail::join_path(s.cache_dir, split);
-    auto files = expand_urls(urls);
+    std::vector<std::string> files;
+    try {
+      files = expand_urls(urls);
+    } catch (const data_error& e) {
+      throw data_error(std::string("data.") + split + "_urls" + (s.name.empty() ? "" : " of '" + s.name + "'") + ": " +
+                       e.what());
+    }
     auto c = open_or_build_cache(dir, files, src, encode, meta, co);
     log(std::string(c->finished() ? "cache " : "building cache ") + dir +
         (c->finished() ? " (complete)" : " in the background"));

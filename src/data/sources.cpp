@@ -33,8 +33,18 @@ bool is_digits(std::string_view s) {
 }
 bool is_int(std::string_view s) { return is_digits(!s.empty() && s[0] == '-' ? s.substr(1) : s); }
 
+// Brace expansion is bounded: a pattern may name at most this many files, in at most this many bytes of names
+// (`x{1..100000000}` or three nested `{1..1000}` would otherwise exhaust memory before any file is looked at).
+inline constexpr std::size_t max_expanded_names = 100'000;
+inline constexpr std::size_t max_expanded_bytes = std::size_t{64} << 20;
+
+[[noreturn]] void too_many(const std::string& whole, const std::string& what) {
+  throw data_error("data URL '" + whole + "': the brace pattern expands to " + what + " (at most " +
+                   std::to_string(max_expanded_names) + " names are allowed); list fewer files, or a glob");
+}
+
 // A brace body that is a range `a..b` or `a..b..step` (integers, or single letters), expanded; false if it is not.
-bool expand_range(std::string_view body, std::vector<std::string>& out) {
+bool expand_range(std::string_view body, std::vector<std::string>& out, const std::string& whole) {
   std::vector<std::string_view> parts;
   std::size_t pos = 0;
   while (true) {
@@ -52,6 +62,7 @@ bool expand_range(std::string_view body, std::vector<std::string>& out) {
     auto s = parts[2];
     if (!s.empty() && s[0] == '-') s.remove_prefix(1);
     if (!is_digits(s)) return false;
+    if (s.size() > 18) too_many(whole, "a range with a step of " + std::string(s));
     step = std::stoll(std::string(s));
     if (step == 0) step = 1;
   }
@@ -61,7 +72,12 @@ bool expand_range(std::string_view body, std::vector<std::string>& out) {
       return s != "0" && s != "-0" && (s.starts_with("0") || s.starts_with("-0"));
     };
     const int width = (padded(a) || padded(b)) ? static_cast<int>(std::max(a.size(), b.size())) : 0;
+    // Ends of more than 18 digits cannot make a range of a sensible length (and would overflow).
+    if (a.size() > 19 || b.size() > 19) too_many(whole, "the range {" + std::string(body) + "}, whose ends are too large");
     const std::int64_t x = std::stoll(std::string(a)), y = std::stoll(std::string(b));
+    const long double count = (x < y ? (long double)y - x : (long double)x - y) / (long double)step + 1;
+    if (count > (long double)max_expanded_names)
+      too_many(whole, "the range {" + std::string(body) + "} alone: " + std::to_string((long long)count) + " names");
     char buf[64];
     auto emit = [&](std::int64_t v) {
       std::snprintf(buf, sizeof buf, "%0*lld", width, static_cast<long long>(v));
@@ -90,6 +106,7 @@ std::vector<std::string> brace_pattern(std::string_view p, const std::string& wh
 
 // A brace body `x,y{z,w}` split at top-level commas (each alternative itself a pattern); false if it has no comma.
 bool expand_sequence(std::string_view body, std::vector<std::string>& out, const std::string& whole) {
+  // (Each alternative is bounded by brace_pattern; their sum by the product check of the caller's append.)
   std::vector<std::string_view> alts;
   std::size_t start = 0;
   int depth = 0;
@@ -110,7 +127,10 @@ bool expand_sequence(std::string_view body, std::vector<std::string>& out, const
   if (depth != 0 || alts.empty()) return false;
   alts.push_back(body.substr(start));
   for (auto a : alts)
-    for (auto& s : brace_pattern(a, whole)) out.push_back(std::move(s));
+    for (auto& s : brace_pattern(a, whole)) {
+      out.push_back(std::move(s));
+      if (out.size() > max_expanded_names) too_many(whole, "more than " + std::to_string(max_expanded_names) + " names");
+    }
   return true;
 }
 
@@ -118,6 +138,12 @@ bool expand_sequence(std::string_view body, std::vector<std::string>& out, const
 std::vector<std::string> brace_pattern(std::string_view p, const std::string& whole) {
   std::vector<std::string> acc{""};
   auto append_all = [&](const std::vector<std::string>& options) {
+    if (options.size() > 0 && acc.size() > max_expanded_names / options.size())
+      too_many(whole, std::to_string(acc.size()) + " x " + std::to_string(options.size()) + " names");
+    std::size_t bytes = 0;
+    for (const auto& a : acc) bytes += a.size() * options.size();
+    for (const auto& o : options) bytes += o.size() * acc.size();
+    if (bytes > max_expanded_bytes) too_many(whole, "more than " + std::to_string(max_expanded_bytes >> 20) + " MiB of names");
     std::vector<std::string> next;
     next.reserve(acc.size() * options.size());
     for (const auto& a : acc)
@@ -142,7 +168,7 @@ std::vector<std::string> brace_pattern(std::string_view p, const std::string& wh
       if (depth == 0) {
         auto body = p.substr(start + 1, i - start - 1);
         std::vector<std::string> options;
-        if (!expand_range(body, options) && !expand_sequence(body, options, whole)) {
+        if (!expand_range(body, options, whole) && !expand_sequence(body, options, whole)) {
           // Not a range nor a list: the braces stay literal around the expanded body.
           std::vector<std::string> inner = brace_pattern(body, whole);
           for (auto& s : inner) s = "{" + s + "}";
