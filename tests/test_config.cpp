@@ -187,6 +187,11 @@ TEST_CASE("mixed-precision policies parse as jmp policy strings") {
   CHECK(dec<MpPolicy>("compute=bf16,params=f32") == MpPolicy{dtype::f32, dtype::bf16, dtype::bf16});
   CHECK(contains(error_of([] { dec<MpPolicy>("p=f32,x=bf16"); }), "unknown key 'x'"));
   CHECK(contains(error_of([] { dec<MpPolicy>("int8"); }), "unknown dtype 'int8'"));
+  // Strict: a key given twice is not "the last one wins", and an empty entry (a trailing or doubled comma) is refused.
+  CHECK(contains(error_of([] { dec<MpPolicy>("p=f32,p=bfloat16"); }), "'p' is given twice"));
+  CHECK(contains(error_of([] { dec<MpPolicy>("c=bf16,compute=f32"); }), "'compute' is given twice"));
+  CHECK(contains(error_of([] { dec<MpPolicy>("p=f32,c=bfloat16,"); }), "an empty entry"));
+  CHECK(contains(error_of([] { dec<MpPolicy>("p=f32,,c=bfloat16"); }), "an empty entry"));
   for (auto m : {MpPolicy{}, MpPolicy{dtype::f32, dtype::bf16, dtype::bf16}, MpPolicy{dtype::f32, dtype::bf16, dtype::f32}})
     CHECK(round_trip(m) == m);
 }
@@ -790,7 +795,7 @@ TEST_CASE("ranges: every numeric key is checked to a finite, meaningful range wi
       // model sizes
       {{"--model.num_layers", "2147483647"}, "model.num_layers (command line): must be an integer in [1, 4096] (got 2147483647)"},
       {{"--model.hidden_dim", "1048576", "--model.num_heads", "4"}, "model.hidden_dim (command line): must be an integer in [1, 2^17 = 131072]"},
-      {{"--model.seq_len", "16777216"}, "model.seq_len (command line): must be an integer in [1, 2^20 = 1048576]"},
+      {{"--model.seq_len", "16777216"}, "model.seq_len (command line): must be an integer in [2, 2^20 = 1048576]"},
       {{"--model.num_heads", "8192"}, "model.num_heads"},
       {{"--model.mlp_scale", "1000000"}, "model.mlp_scale"},
       {{"--model.layer_norm_epsilon", "2"}, "model.layer_norm_epsilon"},

@@ -198,22 +198,31 @@ std::optional<MpPolicy> parse_mp_policy(const std::string& s, std::string& why) 
     return MpPolicy{*d, *d, *d};
   }
   std::optional<dtype> p, c, o;
-  std::stringstream ss(s);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
+  // Every comma separates two key=dtype entries: an empty entry (a trailing or doubled comma) and a key given twice
+  // are refused, not read as whichever came last.
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = s.find(',', start);
+    const std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (part.empty()) return why = "an empty entry (a trailing or doubled comma)", std::nullopt;
     auto eq = part.find('=');
     if (eq == std::string::npos) return why = "'" + part + "' is not key=dtype", std::nullopt;
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     auto d = parse_dtype(val);
     if (!d) return why = "unknown dtype '" + val + "'", std::nullopt;
+    std::optional<dtype>* slot = nullptr;
     if (key == "p" || key == "params")
-      p = d;
+      slot = &p;
     else if (key == "c" || key == "compute")
-      c = d;
+      slot = &c;
     else if (key == "o" || key == "output")
-      o = d;
+      slot = &o;
     else
       return why = "unknown key '" + key + "' (use p, c or o)", std::nullopt;
+    if (*slot) return why = "'" + key + "' is given twice", std::nullopt;
+    *slot = d;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
   MpPolicy m;
   m.param = p.value_or(dtype::f32);

@@ -14,7 +14,8 @@ using config::fmt_num;
 void validate(config::validator& v, const Gpt2Config& m) {
   namespace bounds = config::bounds;
   using config::check_int;
-  check_int(v, "model.seq_len", m.seq_len, 1, bounds::max_seq_len);
+  check_int(v, "model.seq_len", m.seq_len, 2, bounds::max_seq_len,
+            "the next-token loss needs a token and the one after it");
   check_int(v, "model.hidden_dim", m.hidden_dim, 1, bounds::max_model_dim);
   check_int(v, "model.num_layers", m.num_layers, 1, bounds::max_layers);
   check_int(v, "model.num_heads", m.num_heads, 1, bounds::max_heads);

@@ -19,7 +19,8 @@ void validate(config::validator& v, const LlamaConfig& m) {
   namespace bounds = config::bounds;
   using config::check_int;
   bool sizes_ok = true;
-  sizes_ok &= check_int(v, "model.seq_len", m.seq_len, 1, bounds::max_seq_len);
+  sizes_ok &= check_int(v, "model.seq_len", m.seq_len, 2, bounds::max_seq_len,
+                        "the next-token loss needs a token and the one after it");
   sizes_ok &= check_int(v, "model.hidden_dim", m.hidden_dim, 1, bounds::max_model_dim);
   sizes_ok &= check_int(v, "model.intermediate_dim", m.intermediate_dim, 1, bounds::max_model_dim);
   sizes_ok &= check_int(v, "model.num_layers", m.num_layers, 1, bounds::max_layers);
