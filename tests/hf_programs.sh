@@ -72,9 +72,15 @@ grep -q "model initialised from" train2.out || { cat train2.out; fail "train_lm 
 "$import_prog" --hf_checkpoint "$golden/hf_gpt2_tiny_sharded" --output_path golden_ckpt > g.out 2>&1 || { cat g.out; fail "golden import failed"; }
 "$export_prog" --checkpoint_path golden_ckpt --output_dir golden_again --max_shard_size 50000 > g2.out 2>&1 || { cat g2.out; fail "golden re-export failed"; }
 [ -f golden_again/model.safetensors.index.json ] || fail "a small max_shard_size did not shard the export"
-# That directory has no tokenizer, so the import records upstream's default ("gpt2", a hub name): the export says
-# config.json gets no special-token ids, rather than guessing them.
-grep -q "is not a local tokenizer.json: config.json gets no bos_token_id" g2.out || { cat g2.out; fail "no word about the missing tokenizer"; }
+# That directory has no tokenizer, so the import records upstream's default ("gpt2", a hub name) and config.json's
+# special-token ids: the export says so and writes those ids back (they used to become null).
+grep -q "is not a local tokenizer.json: config.json gets the bos_token_id / eos_token_id the checkpoint was imported with" g2.out ||
+  { cat g2.out; fail "no word about the missing tokenizer"; }
+for k in bos_token_id eos_token_id; do
+  want=$(grep -o "\"$k\": [^,}]*" "$golden/hf_gpt2_tiny_sharded/config.json")
+  got=$(grep -o "\"$k\": [^,}]*" golden_again/config.json)
+  [ -n "$want" ] && [ "$want" = "$got" ] || fail "import -> export changed $k: '$want' became '$got'"
+done
 
 # What users get wrong.
 expect_fail "no complete checkpoint under 'nowhere'" "$export_prog" --checkpoint_path nowhere --output_dir x

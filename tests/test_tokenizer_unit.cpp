@@ -5,6 +5,8 @@
 // (tests/test_tokenizer.cpp checks the committed tokenizers on a large generated corpus.)
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -160,6 +162,39 @@ TEST_CASE("special tokens and names come from tokenizer_config.json or well-know
   CHECK(sp.eos_id() == sp.token_to_id("</s>"));
   CHECK(sp.adds_bos());
   CHECK_FALSE(sp.adds_eos());
+}
+
+TEST_CASE("tokenizer_config.json's bos_token / eos_token: a token, an AddedToken dict or null, anything else refused") {
+  const fs::path dir = fs::temp_directory_path() / ("levanter_tok_cfg_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(golden_dir + "/tokenizers/gpt2_style/tokenizer.json", dir / "tokenizer.json");
+  auto with = [&](const std::string& bos, const std::string& eos) {
+    std::ofstream(dir / "tokenizer_config.json", std::ios::trunc)
+        << "{\"bos_token\": " << bos << ", \"eos_token\": " << eos << "}";
+    return tokenizer::from_file(dir.string());
+  };
+  auto message = [&](const std::string& bos, const std::string& eos) {
+    try {
+      with(bos, eos);
+    } catch (const data_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto eot = tokenizer::from_file(golden_dir + "/tokenizers/gpt2_style").token_to_id("<|endoftext|>");
+  REQUIRE(eot.has_value());
+  // An AddedToken dict reads as its content; null means none (no guess from well-known names, as transformers).
+  const auto d = with("{\"content\": \"<|endoftext|>\", \"special\": true}", "null");
+  CHECK(d.bos_id() == eot);
+  CHECK_FALSE(d.eos_id().has_value());
+  // A token the vocabulary lacks, a number or a dict without content: refused, naming the file and the key.
+  const auto unknown = message("\"<|nope|>\"", "\"<|endoftext|>\"");
+  CHECK(unknown.find("tokenizer_config.json': 'bos_token' is '<|nope|>', which is not a token") != std::string::npos);
+  CHECK(message("\"<|endoftext|>\"", "50256").find("'eos_token' is 50256; give the token as a string") !=
+        std::string::npos);
+  CHECK(message("{\"special\": true}", "null").find("'bos_token' is {\"special\":true}") != std::string::npos);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("token_text and token_byte_length show a token as the decoder would") {

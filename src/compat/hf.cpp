@@ -1,9 +1,11 @@
 // levanter/compat/hf.hpp: the parts of Hugging Face directory I/O that do not depend on the model.
 #include <levanter/compat/hf.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 
+#include <levanter/config/validate.hpp>
 #include <levanter/io/atomic_file.hpp>
 
 namespace levanter::hf {
@@ -32,6 +34,18 @@ std::int64_t get_int(const nlohmann::json& j, const char* key, const std::string
   if (!j.contains(key) || !j[key].is_number_integer())
     throw error(where + ": config.json has no integer '" + std::string(key) + "'");
   return j[key].get<std::int64_t>();
+}
+
+int get_int_in(const nlohmann::json& j, const char* key, const std::string& where, std::int64_t lo, std::int64_t hi) {
+  if (!j.contains(key) || !j[key].is_number_integer())
+    throw error(where + ": config.json has no integer '" + std::string(key) + "'");
+  // Checked before narrowing: 4294967328 must not become 32. An unsigned 64-bit value above 2^63 is out of range too.
+  const bool huge = j[key].is_number_unsigned() && j[key].get<std::uint64_t>() > std::uint64_t(INT64_MAX);
+  const std::int64_t v = huge ? INT64_MAX : j[key].get<std::int64_t>();
+  if (huge || v < lo || v > hi)
+    throw error(where + ": '" + std::string(key) + "' is " + j[key].dump() + "; it must be an integer in [" +
+                config::fmt_bound(lo) + ", " + config::fmt_bound(hi) + "]");
+  return static_cast<int>(v);
 }
 
 std::string layer_name(const std::string& pattern, std::int64_t i) {
@@ -89,9 +103,18 @@ hf_dir open_dir(const std::string& path, const std::string& what) {
     throw error(what + ": '" + cfg_path.string() + "' is not valid JSON (" + e.what() + ")");
   }
   if (!config.is_object()) throw error(what + ": '" + cfg_path.string() + "' is not a JSON object");
-  hf_dir d{path, config, 0, safetensors::hf_dir(path), detail::get_or<std::string>(config, "model_type", "")};
-  d.vocab_size = detail::get_int(d.config, "vocab_size", cfg_path.string());
-  if (d.vocab_size <= 0) throw error(what + ": '" + cfg_path.string() + "' has vocab_size " + std::to_string(d.vocab_size));
+  std::string model_type;
+  try {
+    model_type = detail::get_or<std::string>(config, "model_type", "");
+  } catch (const detail::value_error& e) {
+    throw error(what + ": '" + cfg_path.string() + "': " + e.what());
+  }
+  hf_dir d{path, config, 0, safetensors::hf_dir(path), model_type};
+  try {
+    d.vocab_size = detail::get_int_in(d.config, "vocab_size", cfg_path.string(), 1, config::bounds::max_vocab);
+  } catch (const error& e) {
+    throw error(what + ": " + e.what());
+  }
   return d;
 }
 

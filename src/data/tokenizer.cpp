@@ -1610,6 +1610,7 @@ struct loader {
       return std::nullopt;
     };
     const fs::path cfg = dir ? *dir / "tokenizer_config.json" : fs::path();
+    bool bos_decided = false, eos_decided = false;
     if (dir && fs::exists(cfg)) {
       std::ifstream in(cfg);
       nlohmann::json c;
@@ -1618,23 +1619,36 @@ struct loader {
       } catch (const std::exception& e) {
         throw data_error("tokenizer config '" + cfg.string() + "': not valid JSON: " + e.what());
       }
-      auto name_of = [&](const char* key) -> std::optional<std::string> {
-        if (!c.is_object() || !c.contains(key) || c[key].is_null()) return std::nullopt;
-        if (c[key].is_string()) return c[key].get<std::string>();
-        if (c[key].is_object() && c[key].contains("content") && c[key]["content"].is_string())
-          return c[key]["content"].get<std::string>();
-        return std::nullopt;
+      // A key the file sets decides: a token (a string, or an AddedToken dict with its "content") must be in the
+      // vocabulary, null means none (as transformers reads it: no guessing from well-known names then); anything
+      // else is refused, naming the file and the key, rather than read differently from transformers.
+      auto set_from = [&](const char* key, std::optional<std::int32_t>& id, std::string& text, bool& decided) {
+        if (!c.is_object() || !c.contains(key)) return;
+        decided = true;
+        const auto& v = c[key];
+        if (v.is_null()) return;
+        std::optional<std::string> name;
+        if (v.is_string()) name = v.get<std::string>();
+        if (v.is_object() && v.contains("content") && v["content"].is_string()) name = v["content"].get<std::string>();
+        if (!name)
+          throw data_error("tokenizer config '" + cfg.string() + "': '" + key + "' is " + v.dump() +
+                           "; give the token as a string (or {\"content\": ...}), or null for none");
+        id = id_of(*name);
+        if (!id)
+          throw data_error("tokenizer config '" + cfg.string() + "': '" + key + "' is '" + *name +
+                           "', which is not a token of this tokenizer's vocabulary");
+        text = *name;
       };
-      if (auto n = name_of("bos_token"); n && (t.bos = id_of(*n))) t.bos_text = *n;
-      if (auto n = name_of("eos_token"); n && (t.eos = id_of(*n))) t.eos_text = *n;
+      set_from("bos_token", t.bos, t.bos_text, bos_decided);
+      set_from("eos_token", t.eos, t.eos_text, eos_decided);
     }
-    if (!t.bos)
+    if (!t.bos && !bos_decided)
       for (const char* s : {"<|begin_of_text|>", "<s>", "<|startoftext|>", "<bos>"})
         if ((t.bos = id_of(s))) {
           t.bos_text = s;
           break;
         }
-    if (!t.eos)
+    if (!t.eos && !eos_decided)
       for (const char* s : {"<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>"})
         if ((t.eos = id_of(s))) {
           t.eos_text = s;

@@ -77,7 +77,8 @@ std::vector<std::string> copy_tokenizer_files(const std::string& spec, const std
 }
 
 void write_imported_checkpoint(const ImportHfConfig& cfg, std::vector<checkpoint::named_file> files,
-                               std::int64_t vocab, std::int64_t parameters, std::ostream& out) {
+                               std::int64_t vocab, std::int64_t parameters, const nlohmann::json& hf_config,
+                               std::ostream& out) {
   // The checkpoint carries a train_lm config whose model section is this architecture (and whose tokenizer is the
   // one given), so export_lm_to_hf, viz_logprobs and initialize_from_checkpoint_path need nothing else.
   TrainLmConfig tc;
@@ -89,8 +90,12 @@ void write_imported_checkpoint(const ImportHfConfig& cfg, std::vector<checkpoint
   else if (std::filesystem::exists(std::filesystem::path(cfg.hf_checkpoint) / "tokenizer.json"))
     tc.data.tokenizer = cfg.hf_checkpoint;
   files.push_back({"config.yaml", {}, config::to_yaml_string(tc)});
+  // config.json's special-token ids, kept for an export without a tokenizer (export_lm_to_hf writes them back).
+  nlohmann::json ids = nlohmann::json::object();
+  for (const char* k : {"bos_token_id", "eos_token_id"})
+    ids[k] = hf_config.contains(k) ? hf_config[k] : nlohmann::json(nullptr);
   const auto bytes = checkpoint::write_checkpoint(cfg.output_path, files, 0, false, std::chrono::system_clock::now(),
-                                                  {{"source", cfg.hf_checkpoint}});
+                                                  {{"source", cfg.hf_checkpoint}, {"hf_token_ids", ids}});
   out << "import_hf_to_lm: " << cfg.hf_checkpoint << " -> " << cfg.output_path << " (" << bytes / 1000 << " kB, "
       << parameters << " parameters)\n";
 }
@@ -126,11 +131,15 @@ std::string run_export_lm_to_hf(const ConvertLmConfig& cfg, const config::source
     job.tokenizer = *cfg.tokenizer;
   else if (train_cfg)
     job.tokenizer = train_cfg->data.tokenizer;
+  // An imported checkpoint remembers the ids of the config.json it came from.
+  const auto& meta = job.checkpoint.metadata;
+  const bool imported_ids = meta.contains("hf_token_ids") && meta["hf_token_ids"].is_object();
   if (job.tokenizer && !cfg.tokenizer && !detail::is_local_tokenizer(*job.tokenizer)) {
     // The checkpoint's config names a tokenizer we cannot open here (a hub name such as upstream's default "gpt2").
-    out << "export_lm_to_hf: the checkpoint's data.tokenizer '" << *job.tokenizer
-        << "' is not a local tokenizer.json: config.json gets no bos_token_id / eos_token_id and no tokenizer files "
-           "are saved (give --tokenizer PATH to the tokenizer the model was trained with)\n";
+    out << "export_lm_to_hf: the checkpoint's data.tokenizer '" << *job.tokenizer << "' is not a local tokenizer.json: "
+        << (imported_ids ? "config.json gets the bos_token_id / eos_token_id the checkpoint was imported with"
+                         : "config.json gets no bos_token_id / eos_token_id")
+        << " and no tokenizer files are saved (give --tokenizer PATH to the tokenizer the model was trained with)\n";
     job.tokenizer.reset();
   }
   if (job.tokenizer) {
@@ -141,6 +150,9 @@ std::string run_export_lm_to_hf(const ConvertLmConfig& cfg, const config::source
                                  " tokens, more than the model's vocabulary of " + std::to_string(vocab) +
                                  " (is it the tokenizer the model was trained with?)");
     job.ids = {tok.bos_id(), tok.eos_id()};
+  } else if (imported_ids) {
+    job.ids.bos_json = meta["hf_token_ids"].value("bos_token_id", nlohmann::json(nullptr));
+    job.ids.eos_json = meta["hf_token_ids"].value("eos_token_id", nlohmann::json(nullptr));
   } else {
     out << "export_lm_to_hf: no tokenizer known (the checkpoint has no config.yaml and --tokenizer was not given): "
            "config.json gets no bos_token_id / eos_token_id\n";
@@ -175,7 +187,7 @@ std::string run_import_hf_to_lm(const ImportHfConfig& cfg, std::ostream& out) {
   const ModelChoice choice = cfg.use_hf_model_config ? model_choice_for_hf(d) : cfg.model;
   with_model(choice, [&]<class M>(std::type_identity<M>, const typename M::config_type& defaults) {
     using C = typename M::config_type;
-    const C* given = cfg.model.template get_if<C>();
+    const C* given = model_config_as<C>(cfg.model);
     import_hf_to_lm_with<M>(cfg, d, given ? *given : defaults, out);
   });
   return cfg.output_path;

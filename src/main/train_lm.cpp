@@ -1,7 +1,10 @@
 // levanter/main/train_lm.hpp: the train_lm program's driver, its config checks and its model-independent helpers.
 #include <levanter/main/train_lm.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
+#include <fstream>
 #include <iostream>
 
 #include <levanter/distributed/comm.hpp>
@@ -28,6 +31,36 @@ config::validation_result validate_train_lm(const TrainLmConfig& cfg, const conf
   validate(v, cfg.trainer);
   std::visit([&](const auto& m) { validate(v, m); }, cfg.model.value);
   std::visit([&](const auto& o) { validate(v, o); }, cfg.optimizer.value);
+  // The optimizer and its schedule for this run's length, built as training would build them, so that a warmup or
+  // decay that does not fit trainer.num_train_steps fails here (exit 2; --dry_run says so) and not at step 0.
+  if (cfg.trainer.num_train_steps > 0 && v.result.errors.empty()) {
+    std::visit(
+        [&](const auto& o) {
+          try {
+            optim::adamw check(o, cfg.trainer.num_train_steps);
+            (void)check;
+          } catch (const std::invalid_argument& e) {
+            const std::string what = e.what();
+            const auto colon = what.find(": ");
+            if (what.rfind("optimizer.", 0) == 0 && colon != std::string::npos)
+              v.error(what.substr(0, colon), what.substr(colon + 2) + " (with trainer.num_train_steps " +
+                                                 std::to_string(cfg.trainer.num_train_steps) + ")");
+            else
+              v.error("optimizer", what);
+          }
+        },
+        cfg.optimizer.value);
+  }
+  // Training needs training data: an empty list (or null) would fail only when the first batch is asked for.
+  if (v.result.errors.empty()) {
+    bool any = false;
+    try {
+      for (const auto& spec : data::dataset_specs(cfg.data)) any = any || !spec.train_urls.empty();
+    } catch (const std::exception&) {
+      any = true;  // a malformed mixture is validate(data)'s to report
+    }
+    if (!any) v.error("data.train_urls", "no training files: give at least one .jsonl/.txt file or pattern");
+  }
 
   if (auto* b = std::get_if<bool>(&cfg.initialize_from_hf); b && *b)
     v.refuse("initialize_from_hf", "initialize_from_hf: true downloads the model's reference checkpoint from the "
@@ -56,9 +89,34 @@ config::validation_result validate_train_lm(const TrainLmConfig& cfg, const conf
     v.refuse("epoch", "epoch-bounded training (epoch " + std::to_string(cfg.epoch) + ") is not supported yet",
              "use epoch: 0 and bound the run with trainer.num_train_steps");
   if (cfg.epoch < 0) v.error("epoch", "must be >= 0 (0: unbounded)");
-  if (!(cfg.z_loss_weight >= 0)) v.error("z_loss_weight", "must be >= 0");
+  // A weight on logsumexp^2 (upstream's configs use 1e-4): above 1 it outweighs the loss itself.
+  if (!(cfg.z_loss_weight >= 0 && cfg.z_loss_weight <= 1))
+    v.error("z_loss_weight", "must be between 0 and 1 (upstream uses 1e-4; got " + config::fmt_num(cfg.z_loss_weight) + ")");
   if (cfg.hf_save_dtype && !cfg.hf_save_path) v.note("hf_save_dtype", "ignored (no hf_save_path)");
   return v.result;
+}
+
+void dry_run_checks(const TrainLmConfig& cfg) {
+  for (const auto& spec : data::dataset_specs(cfg.data)) {
+    const std::string of = spec.name.empty() ? "" : " of '" + spec.name + "'";
+    for (const auto& [key, urls] : {std::pair{"data.train_urls", &spec.train_urls},
+                                    std::pair{"data.validation_urls", &spec.validation_urls}}) {
+      try {
+        for (const auto& f : data::expand_urls(*urls))
+          if (!std::ifstream(f, std::ios::binary))
+            throw data::data_error("data file '" + f + "' cannot be opened for reading (" + std::strerror(errno) + ")");
+      } catch (const data::data_error& e) {
+        throw data::data_error(std::string(key) + of + ": " + e.what());
+      }
+    }
+  }
+  const auto tok = data::make_tokenizer(cfg.data);
+  if (std::get_if<std::string>(&cfg.initialize_from_hf) && cfg.use_hf_model_config) return;  // sizes from config.json
+  const std::int64_t vocab = cfg.data.vocab_size.value_or(tok.vocab_size());
+  with_model(cfg.model, [&]<class M>(std::type_identity<M>, const typename M::config_type& mc) {
+    check_model_fits(mc.parameter_count(vocab), distributed::world().size(),
+                     "model (type " + std::string(M::config_type::type_name) + ")");
+  });
 }
 
 namespace detail {
@@ -134,6 +192,8 @@ int train_lm_main(int argc, char** argv, const char* default_yaml, const char* d
       return 2;
     }
     if (parsed.dry_run) {
+      // Every check that needs no training data: the data files exist, the tokenizer loads, the model fits.
+      dry_run_checks(parsed.config);
       if (r0) {
         std::cout << parsed.resolved_yaml;
         std::cerr << "train_lm: config resolved and valid (--dry_run: not training)\n";

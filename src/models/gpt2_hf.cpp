@@ -1,6 +1,8 @@
 // GPT-2 <-> Hugging Face (levanter/models/gpt2_hf.hpp).
 #include <levanter/models/gpt2_hf.hpp>
 
+#include <levanter/config/validate.hpp>
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -37,11 +39,14 @@ nlohmann::json adapter::to_hf_config(const Gpt2Config& c, std::int64_t vocab) {
 }
 
 Gpt2Config adapter::from_hf_config(Gpt2Config base, const nlohmann::json& j, const std::string& where) {
-  base.seq_len = static_cast<int>(detail::get_int(j, "n_positions", where));
-  base.num_layers = static_cast<int>(detail::get_int(j, "n_layer", where));
-  base.num_heads = static_cast<int>(detail::get_int(j, "n_head", where));
-  base.hidden_dim = static_cast<int>(detail::get_int(j, "n_embd", where));
-  const auto n_inner = detail::get_or<std::int64_t>(j, "n_inner", 4 * std::int64_t(base.hidden_dim));
+  namespace b = config::bounds;
+  base.seq_len = detail::get_int_in(j, "n_positions", where, 2, b::max_seq_len);
+  base.num_layers = detail::get_int_in(j, "n_layer", where, 1, b::max_layers);
+  base.num_heads = detail::get_int_in(j, "n_head", where, 1, b::max_heads);
+  base.hidden_dim = detail::get_int_in(j, "n_embd", where, 1, b::max_model_dim);
+  const std::int64_t n_inner = j.contains("n_inner") && !j["n_inner"].is_null()
+                                   ? detail::get_int_in(j, "n_inner", where, 1, b::max_model_dim * 64)
+                                   : 4 * std::int64_t(base.hidden_dim);
   if (base.hidden_dim <= 0 || n_inner % base.hidden_dim != 0)
     throw error(where + ": n_inner " + std::to_string(n_inner) + " is not a multiple of n_embd " +
                 std::to_string(base.hidden_dim) + " (our GPT-2 has mlp = mlp_scale * hidden_dim)");

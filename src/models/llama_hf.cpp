@@ -6,6 +6,7 @@
 #include <variant>
 
 #include <haliax/nn/activation.hpp>
+#include <levanter/config/validate.hpp>
 
 namespace levanter::hf {
 
@@ -51,15 +52,35 @@ nlohmann::json rope_to_hf(const RopeChoice& r) {
 /// `rope_scaling`.
 RopeChoice rope_from_hf(const nlohmann::json& j, std::int64_t max_positions, const std::string& where) {
   nlohmann::json p = nlohmann::json::object();
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+  auto given = [&](const char* k) {
+    if (!j.contains(k) || j[k].is_null()) return false;
+    if (!j[k].is_object())
+      throw error(where + ": '" + std::string(k) + "' is " + j[k].dump() + ", not an object (a rope type and its "
+                  "parameters, e.g. {\"rope_type\": \"llama3\", \"factor\": 8.0, ...})");
+    return true;
+  };
+  const bool params = given("rope_parameters"), scaling = given("rope_scaling");
+  if (params) {
     p = j["rope_parameters"];
-  } else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+    // transformers 5 writes rope_parameters; an older rope_scaling beside it must not say something else.
+    if (scaling)
+      for (const auto& [k, v] : j["rope_scaling"].items())
+        if (k != "rope_theta" && (!p.contains(k) || p[k] != v) && !(k == "type" && p.value("rope_type", v) == v))
+          throw error(where + ": rope_scaling's '" + k + "' (" + v.dump() + ") differs from rope_parameters (" +
+                      (p.contains(k) ? p[k].dump() : std::string("absent")) + "); keep one of them");
+  } else if (scaling) {
     p = j["rope_scaling"];
   }
   if (!p.contains("rope_theta") || p["rope_theta"].is_null())
     p["rope_theta"] = detail::get_or<double>(j, "rope_theta", 10000.0);
+  for (const char* k : {"rope_type", "type"})
+    if (p.contains(k) && !p[k].is_null() && !p[k].is_string())
+      throw error(where + ": the rope's '" + std::string(k) + "' is " + p[k].dump() + ", not a name");
+  for (const auto& [k, v] : p.items())
+    if (k != "rope_type" && k != "type" && !v.is_null() && !v.is_number() && !v.is_boolean() && !v.is_array())
+      throw error(where + ": the rope's '" + k + "' is " + v.dump() + ", not a number");
   std::string type = detail::get_or<std::string>(p, "rope_type", detail::get_or<std::string>(p, "type", "default"));
-  const double theta = p["rope_theta"].get<double>();
+  const double theta = detail::get_or<double>(p, "rope_theta", 10000.0);
   RopeChoice r;
   if (type == "default") {
     r.value = DefaultRopeConfig{theta, detail::get_or<double>(p, "factor", 1.0)};
@@ -71,14 +92,17 @@ RopeChoice rope_from_hf(const nlohmann::json& j, std::int64_t max_positions, con
     c.factor = detail::get_or<double>(p, "factor", c.factor);
     c.low_freq_factor = detail::get_or<double>(p, "low_freq_factor", c.low_freq_factor);
     c.high_freq_factor = detail::get_or<double>(p, "high_freq_factor", c.high_freq_factor);
-    c.original_max_position_embeddings = static_cast<int>(
-        detail::get_or<std::int64_t>(p, "original_max_position_embeddings", c.original_max_position_embeddings));
+    if (p.contains("original_max_position_embeddings") && !p["original_max_position_embeddings"].is_null())
+      c.original_max_position_embeddings =
+          detail::get_int_in(p, "original_max_position_embeddings", where, 1, config::bounds::max_seq_len);
     r.value = c;
   } else if (type == "yarn") {
     YarnRopeConfig c;
     c.theta = theta;
     c.original_max_position_embeddings =
-        static_cast<int>(detail::get_or<std::int64_t>(p, "original_max_position_embeddings", max_positions));
+        p.contains("original_max_position_embeddings") && !p["original_max_position_embeddings"].is_null()
+            ? detail::get_int_in(p, "original_max_position_embeddings", where, 1, config::bounds::max_seq_len)
+            : static_cast<int>(max_positions);
     // transformers: without a factor, the ratio of the context lengths
     c.factor = detail::get_or<double>(p, "factor", double(max_positions) / c.original_max_position_embeddings);
     c.beta_fast = detail::get_or<double>(p, "beta_fast", c.beta_fast);
@@ -86,14 +110,14 @@ RopeChoice rope_from_hf(const nlohmann::json& j, std::int64_t max_positions, con
     for (const char* k : {"attention_factor", "mscale_all_dim"})
       if (p.contains(k) && !p[k].is_null())
         throw error(where + ": yarn's '" + k + "' is not supported (only the default attention factor)");
-    if (p.contains("truncate") && !p["truncate"].is_null() && !p["truncate"].get<bool>())
+    if (!detail::get_or<bool>(p, "truncate", true))
       throw error(where + ": yarn with truncate false is not supported");
     r.value = c;
   } else {
-    throw error(where + ": rope type '" + type + "' is not supported (use default, linear, llama3 or yarn)");
+    throw error(where + ": rope_type '" + type + "' is not supported (use default, linear, llama3 or yarn; dynamic "
+                "and longrope scaling are not implemented)");
   }
-  if (p.contains("partial_rotary_factor") && !p["partial_rotary_factor"].is_null() &&
-      p["partial_rotary_factor"].get<double>() != 1.0)
+  if (detail::get_or<double>(p, "partial_rotary_factor", 1.0) != 1.0)
     throw error(where + ": partial_rotary_factor other than 1 is not supported");
   return r;
 }
@@ -179,15 +203,18 @@ LlamaConfig adapter::from_hf_config(LlamaConfig base, const nlohmann::json& j, c
     throw error(where + ": the Hugging Face model is a '" + t +
                 "' but the model config has type: " + std::string(family_type_name(base.family)) +
                 " (set model.type: " + (t == "qwen2" ? std::string("qwen") : t) + ")");
-  base.seq_len = static_cast<int>(detail::get_int(j, "max_position_embeddings", where));
-  base.hidden_dim = static_cast<int>(detail::get_int(j, "hidden_size", where));
-  base.intermediate_dim = static_cast<int>(detail::get_int(j, "intermediate_size", where));
-  base.num_layers = static_cast<int>(detail::get_int(j, "num_hidden_layers", where));
-  base.num_heads = static_cast<int>(detail::get_int(j, "num_attention_heads", where));
-  base.num_kv_heads = static_cast<int>(detail::get_or<std::int64_t>(j, "num_key_value_heads", base.num_heads));
+  namespace b = config::bounds;
+  base.seq_len = detail::get_int_in(j, "max_position_embeddings", where, 2, b::max_seq_len);
+  base.hidden_dim = detail::get_int_in(j, "hidden_size", where, 1, b::max_model_dim);
+  base.intermediate_dim = detail::get_int_in(j, "intermediate_size", where, 1, b::max_model_dim);
+  base.num_layers = detail::get_int_in(j, "num_hidden_layers", where, 1, b::max_layers);
+  base.num_heads = detail::get_int_in(j, "num_attention_heads", where, 1, b::max_heads);
+  base.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                          ? detail::get_int_in(j, "num_key_value_heads", where, 1, b::max_heads)
+                          : base.num_heads;
   base.head_dim.reset();
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    const auto hd = detail::get_int(j, "head_dim", where);
+    const auto hd = detail::get_int_in(j, "head_dim", where, 1, b::max_model_dim);
     if (base.num_heads <= 0 || hd * base.num_heads != base.hidden_dim) base.head_dim = static_cast<int>(hd);
   }
   base.activation_function = detail::get_or<std::string>(j, "hidden_act", "silu");
@@ -203,25 +230,33 @@ LlamaConfig adapter::from_hf_config(LlamaConfig base, const nlohmann::json& j, c
       throw error(where + ": " + k + " true is not supported for model_type '" + t + "'");
   if (base.family == llama_family::mistral) {
     if (j.contains("sliding_window") && !j["sliding_window"].is_null())
-      base.sliding_window = static_cast<int>(detail::get_int(j, "sliding_window", where));
+      base.sliding_window = detail::get_int_in(j, "sliding_window", where, 1, b::max_seq_len);
     else
       base.sliding_window.reset();
-    if (base.tie_word_embeddings) throw error(where + ": a tied Mistral head is not supported (upstream unties it)");
+    if (base.tie_word_embeddings)
+      throw error(where + ": tie_word_embeddings true is not supported for a Mistral (upstream unties its head)");
   } else if (windowed_family(base.family)) {
     base.use_sliding_window = detail::get_or<bool>(j, "use_sliding_window", false);
     if (j.contains("sliding_window") && !j["sliding_window"].is_null())
-      base.sliding_window = static_cast<int>(detail::get_int(j, "sliding_window", where));
+      base.sliding_window = detail::get_int_in(j, "sliding_window", where, 1, b::max_seq_len);
     else
       base.sliding_window.reset();
-    base.max_window_layers = static_cast<int>(detail::get_or<std::int64_t>(j, "max_window_layers", 0));
+    base.max_window_layers = j.contains("max_window_layers") && !j["max_window_layers"].is_null()
+                                 ? detail::get_int_in(j, "max_window_layers", where, 0, b::max_layers)
+                                 : 0;
     if (base.use_sliding_window && !base.sliding_window)
       throw error(where + ": use_sliding_window is true but sliding_window is null");
+    if (j.contains("layer_types") && !j["layer_types"].is_null() && !j["layer_types"].is_array())
+      throw error(where + ": layer_types is " + j["layer_types"].dump() + ", not a list");
     if (j.contains("layer_types") && j["layer_types"].is_array()) {
       const auto& lt = j["layer_types"];
       if (static_cast<int>(lt.size()) != base.num_layers)
         throw error(where + ": layer_types has " + std::to_string(lt.size()) + " entries for " +
                     std::to_string(base.num_layers) + " layers");
       for (int i = 0; i < base.num_layers; ++i) {
+        if (!lt[i].is_string() || (lt[i] != "sliding_attention" && lt[i] != "full_attention"))
+          throw error(where + ": layer_types[" + std::to_string(i) + "] is " + lt[i].dump() +
+                      ", not \"full_attention\" or \"sliding_attention\"");
         const bool sliding = lt[i].get<std::string>() == "sliding_attention";
         if (sliding != (base.window_of_layer(i) > 0))
           throw error(where + ": layer_types[" + std::to_string(i) + "] is '" + lt[i].get<std::string>() +
@@ -311,8 +346,8 @@ std::string adapter::unused(const hf_dir& d, const std::string& n) {
   if (n.ends_with(".rotary_emb.inv_freq")) return "";  // a buffer older writers stored
   if (n == "lm_head.weight") {
     if (d.tensors.read_f32(n) != d.tensors.read_f32("model.embed_tokens.weight"))
-      return "lm_head.weight differs from model.embed_tokens.weight but the model config ties them (set "
-             "tie_word_embeddings: false)";
+      return "tensor lm_head.weight differs from model.embed_tokens.weight but config.json's tie_word_embeddings "
+             "ties them (set tie_word_embeddings: false)";
     return "";
   }
   return "unknown";

@@ -90,6 +90,7 @@ void validate(config::validator& v, const TrainerConfig& t) {
   }
   if (t.id) check_path_component(v, "trainer.id", *t.id, "run id");
   if (t.log_dir.empty()) v.error("trainer.log_dir", "is empty; give a directory (default logs/)");
+  else check_remote(v, "trainer.log_dir", t.log_dir, "directory");
   if (t.checkpointer.base_path.empty())
     v.error("trainer.checkpointer.base_path", "is empty; give a directory (default checkpoints/)");
   if (t.wandb.set)

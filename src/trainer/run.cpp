@@ -2,12 +2,15 @@
 #include <levanter/trainer/run.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+#include <unistd.h>
 
 #include <haliax/core.hpp>
 #include <haliax/detail/gemm.hpp>
@@ -17,6 +20,9 @@
 
 #if defined(HALIAX_HAVE_HOST_BLAS)
 extern "C" char* openblas_get_corename();
+#endif
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime.h>
 #endif
 
 namespace levanter {
@@ -121,6 +127,35 @@ double measure_gemm_peak(const std::vector<matmul_shape>& shapes_in, std::int64_
   return flops / seconds;
 }
 
+std::int64_t array_memory_bytes() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (!haliax::detail::host_memory) {
+    std::size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return static_cast<std::int64_t>(total_b);
+    return 0;
+  }
+#endif
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : 0;
+}
+
+void check_model_fits(std::int64_t parameters, int ranks, const std::string& what) {
+  const std::int64_t have = array_memory_bytes();
+  if (have <= 0 || parameters <= 0) return;
+  const double need = 16.0 * double(parameters) / double(std::max(ranks, 1));
+  if (need <= double(have)) return;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s has %.3g parameters: its f32 parameters, gradients and AdamW moments alone take %.1f GiB%s, but "
+                "this %s has %.1f GiB; choose a smaller model (model.hidden_dim, model.num_layers, ...; a model type "
+                "without sizes gets upstream's defaults, e.g. 7B for llama)%s",
+                what.c_str(), double(parameters), need / double(1 << 30),
+                ranks > 1 ? (" per rank over " + std::to_string(ranks) + " ranks").c_str() : "",
+                haliax::detail::host_memory ? "machine" : "GPU", double(have) / double(1 << 30),
+                ranks > 1 ? " or more ranks" : " or shard it over MPI ranks");
+  throw config::config_error(buf);
+}
+
 std::string human_duration(double s) {
   if (!(s >= 0) || !std::isfinite(s)) return "?";
   const auto t = static_cast<std::int64_t>(s + 0.5);
@@ -221,21 +256,30 @@ run_context::run_context(const TrainerConfig& t, std::string resolved_yaml, std:
     trk_ = std::make_unique<noop_tracker>();
     return;
   }
+  // A directory that cannot be made because of the path (a file in the way, no permission) is the config's fault
+  // (exit 2); a full disk, a quota or a read-only or failing file system is a write failure (exit 5), as for
+  // checkpoints.
+  auto storage_fault = [](int e) { return e == ENOSPC || e == EDQUOT || e == EIO || e == EROFS || e == EFBIG; };
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
-  if (ec) throw config::config_error("trainer.log_dir: cannot create the run directory '" + dir_.string() + "' (" +
-                                     ec.message() + ")");
+  if (ec) {
+    const std::string msg =
+        "trainer.log_dir: cannot create the run directory '" + dir_.string() + "' (" + ec.message() + ")";
+    if (storage_fault(ec.value())) throw io::io_error(msg);
+    throw config::config_error(msg);
+  }
   try {
     lock_ = io::dir_lock(dir_);
   } catch (const io::lock_error& e) {
     throw config::config_error("run '" + id_ + "': the run directory " + e.what());
   } catch (const std::exception& e) {
+    if (storage_fault(errno)) throw io::io_error(std::string("trainer.log_dir: ") + e.what());
     throw config::config_error(std::string("trainer.log_dir: ") + e.what());
   }
   try {
     io::write_file_atomic(dir_ / "config.yaml", yaml_);
   } catch (const io::io_error& e) {
-    throw config::config_error(std::string("trainer.log_dir: ") + e.what());
+    throw io::io_error(std::string("trainer.log_dir: ") + e.what());
   }
   trk_ = make_tracker(t.tracker, dir_);
   log_file_.open(dir_ / (program_ + ".log"), std::ios::app);

@@ -22,6 +22,7 @@
 //                                             else the reason it is refused
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -37,6 +38,7 @@
 
 #include <haliax/tree.hpp>
 #include <levanter/compat/safetensors.hpp>
+#include <levanter/config/validate.hpp>
 
 namespace levanter::hf {
 
@@ -58,6 +60,9 @@ std::string torch_dtype_name(safetensors::dtype t);
 struct token_ids {
   std::optional<std::int64_t> bos;
   std::optional<std::int64_t> eos;
+  /// config.json's own values, written as they were read (an imported model without a tokenizer keeps its ids,
+  /// lists included: Llama 3 has two EOS ids); null: use `bos` / `eos`.
+  nlohmann::json bos_json = nullptr, eos_json = nullptr;
 };
 
 /// An opened Hugging Face directory.
@@ -83,10 +88,35 @@ concept HfConvertible = requires { hf_adapter<M>::model_type; };
 
 namespace detail {
 std::int64_t get_int(const nlohmann::json& j, const char* key, const std::string& where);
+/// config.json's integer `key` when it lies in [lo, hi] (checked before it is narrowed to int), else an error naming
+/// the file (`where`), the key, the value and the range.
+int get_int_in(const nlohmann::json& j, const char* key, const std::string& where, std::int64_t lo, std::int64_t hi);
+/// A config.json value of the wrong type (get_or); the callers that know the file add its name.
+struct value_error : error {
+  using error::error;
+};
 template <class T>
 T get_or(const nlohmann::json& j, const char* key, T fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  return j[key].get<T>();
+  const auto& v = j[key];
+  const bool ok = std::is_same_v<T, bool>          ? v.is_boolean()
+                  : std::is_same_v<T, std::string> ? v.is_string()
+                  : std::is_integral_v<T>          ? v.is_number_integer()
+                                                   : v.is_number();
+  if (!ok) {
+    const char* want = std::is_same_v<T, bool>          ? "true or false"
+                       : std::is_same_v<T, std::string> ? "a string"
+                       : std::is_integral_v<T>          ? "an integer"
+                                                        : "a number";
+    throw value_error("'" + std::string(key) + "' is " + v.dump() + ", not " + want);
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    const T x = v.get<T>();
+    if (!std::isfinite(x)) throw value_error("'" + std::string(key) + "' is " + v.dump() + ", not a finite number");
+    return x;
+  } else {
+    return v.get<T>();
+  }
 }
 std::string layer_name(const std::string& pattern, std::int64_t i);
 /// Writes `json_text` as config.json in `dir` atomically. Throws error.
@@ -97,6 +127,37 @@ void check_model_type(const hf_dir& d, std::string_view want);
 /// becomes one tensor per layer.
 void host_copy(const std::string& name, const float* data, std::size_t n, const std::string& pattern,
                std::int64_t layers, std::map<std::string, std::vector<float>>& out);
+/// The model checks train_lm makes (`validate(validator&, const C&)`, next to each config), on a config made from
+/// config.json `where`; throws error listing what is wrong, with our key names (config.json's differ: e.g.
+/// rms_norm_eps is model.layer_norm_epsilon, max_position_embeddings model.seq_len).
+template <class A, class C>
+void check_hf_model_config(const C& c, const std::string& where) {
+  if constexpr (requires(config::validator& v) { validate(v, c); }) {
+    const config::source_map none;
+    config::validator v{none, {}};
+    validate(v, c);
+    if (!v.result.errors.empty()) {
+      std::string all;
+      for (auto e : v.result.errors) {
+        // Name config.json's key first: "rms_norm_eps (model.layer_norm_epsilon): must be ...".
+        if constexpr (requires { A::hf_keys(); }) {
+          std::size_t best = 0;
+          std::string theirs;
+          for (const auto& [ours, hf] : A::hf_keys())
+            if (e.rfind(ours, 0) == 0 && ours.size() > best) best = ours.size(), theirs = hf;
+          if (best) {
+            const auto end = e.find_first_of(" :", best);
+            const std::string ours = e.substr(0, end);
+            e = theirs + ours.substr(best) + " (our " + ours + ")" + e.substr(end == std::string::npos ? e.size() : end);
+          }
+        }
+        all += (all.empty() ? "" : "; ") + e;
+      }
+      throw error(where + " describes a model that cannot be used: " + all);
+    }
+  }
+}
+
 /// Refuses a directory whose model_type adapter `A` does not read (an adapter for a family of model types says
 /// which with `reads_model_type`; its from_hf_config then matches the type to the config).
 template <class A>
@@ -119,18 +180,59 @@ constexpr std::string_view hf_model_type_for() {
     return hf_adapter<M>::model_type;
 }
 
-/// The model config of an HF directory's config.json, starting from `base` (our own settings are kept).
+/// Throws error when a tensor of `d` that the model of config `c` reads has another shape than the model needs
+/// (vocab_size from config.json): checked before a model is allocated, so that a config.json that does not match
+/// its weights (or asks for an absurd size) is named at once, not after minutes of initialisation.
+template <HfConvertible M>
+void check_tensors(const hf_dir& d, const typename M::config_type& c) {
+  using A = hf_adapter<M>;
+  for (const auto& [name, shape] : A::hf_layout(c, d.vocab_size)) {
+    const std::string full = A::full_name(d, name);
+    const auto* info = d.tensors.find(full);
+    if (!info) continue;  // a missing tensor is load's to name (some are written as zeros: missing_ok)
+    if (info->shape != shape) {
+      auto text = [](const std::vector<std::int64_t>& v) {
+        std::string t = "[";
+        for (std::size_t i = 0; i < v.size(); ++i) t += (i ? ", " : "") + std::to_string(v[i]);
+        return t + "]";
+      };
+      throw error("'" + d.dir + "': tensor '" + full + "' has shape " + text(info->shape) + ", but config.json (" +
+                  "vocab_size " + std::to_string(d.vocab_size) + ") describes a model that needs " + text(shape) +
+                  " (does config.json match the weights?)");
+    }
+  }
+}
+
+/// The model config of an HF directory's config.json, starting from `base` (our own settings are kept), checked
+/// as train_lm checks a model section (the same ranges and rules), so that a directory it refuses is refused at
+/// import, naming config.json, not later by another program.
 template <HfConvertible M>
 typename M::config_type config_from_hf(const typename M::config_type& base, const hf_dir& d) {
   detail::check_adapter_type<hf_adapter<M>>(d);
-  return hf_adapter<M>::from_hf_config(base, d.config, d.dir + "/config.json");
+  const std::string where = d.dir + "/config.json";
+  typename M::config_type c;
+  try {
+    c = hf_adapter<M>::from_hf_config(base, d.config, where);
+  } catch (const detail::value_error& e) {
+    throw error(where + ": " + e.what() + " (model_type '" + d.model_type + "')");
+  } catch (const error& e) {
+    throw error(std::string(e.what()) + " (model_type '" + d.model_type + "')");
+  }
+  detail::check_hf_model_config<hf_adapter<M>>(c, where);
+  check_tensors<M>(d, c);
+  return c;
 }
 
 /// Throws error when `d` holds another architecture than `c` (set use_hf_model_config to take the checkpoint's).
 template <HfConvertible M>
 void check_matches(const typename M::config_type& c, const hf_dir& d, const std::string& where) {
   detail::check_adapter_type<hf_adapter<M>>(d);
-  hf_adapter<M>::check_matches(c, d.config, where);
+  try {
+    hf_adapter<M>::check_matches(c, d.config, where);
+  } catch (const detail::value_error& e) {
+    throw error(d.dir + "/config.json: " + e.what());
+  }
+  check_tensors<M>(d, c);
 }
 
 /// The config.json of model config `c` as `transformers` writes it, with the dtype and the tokenizer's ids.
@@ -138,8 +240,12 @@ template <HfConvertible M>
 nlohmann::json hf_config_json(const typename M::config_type& c, std::int64_t vocab, safetensors::dtype dt,
                               const token_ids& ids) {
   auto j = hf_adapter<M>::to_hf_config(c, vocab);
-  j["bos_token_id"] = ids.bos && *ids.bos < vocab ? nlohmann::json(*ids.bos) : nlohmann::json(nullptr);
-  j["eos_token_id"] = ids.eos && *ids.eos < vocab ? nlohmann::json(*ids.eos) : nlohmann::json(nullptr);
+  j["bos_token_id"] = !ids.bos_json.is_null()   ? ids.bos_json
+                      : ids.bos && *ids.bos < vocab ? nlohmann::json(*ids.bos)
+                                                    : nlohmann::json(nullptr);
+  j["eos_token_id"] = !ids.eos_json.is_null()   ? ids.eos_json
+                      : ids.eos && *ids.eos < vocab ? nlohmann::json(*ids.eos)
+                                                    : nlohmann::json(nullptr);
   j["torch_dtype"] = torch_dtype_name(dt);  // transformers 4
   j["dtype"] = torch_dtype_name(dt);        // transformers 5
   return j;
@@ -163,7 +269,7 @@ void load(const hf_dir& d, M& m, const typename M::config_type& c) {
   auto read = [&](const std::string& name, std::size_t want) {
     const std::string full = A::full_name(d, name);
     const auto* info = d.tensors.find(full);
-    if (!info) throw error("'" + d.dir + "' has no tensor '" + full + "'");
+    if (!info) throw error("'" + d.dir + "' has no tensor '" + full + "' (does config.json match the weights?)");
     if (const auto it = layout.find(name); it != layout.end() && info->shape != it->second)
       throw error("'" + d.dir + "': tensor '" + full + "' has shape " + shape_text(info->shape) +
                   ", the model expects " + shape_text(it->second) + " (does config.json match the weights?)");
@@ -171,6 +277,11 @@ void load(const hf_dir& d, M& m, const typename M::config_type& c) {
     if (v.size() != want)
       throw error("'" + d.dir + "': tensor '" + full + "' has " + std::to_string(v.size()) +
                   " elements, the model expects " + std::to_string(want) + " (does config.json match the weights?)");
+    // A weight that is NaN or infinite makes every later loss NaN; say which tensor, and where, now.
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i]))
+        throw error("'" + d.dir + "': tensor '" + full + "' holds " + (std::isnan(v[i]) ? "NaN" : "an infinite value") +
+                    " (element " + std::to_string(i) + "); the checkpoint is damaged or its training diverged");
     used.insert(full);
     return v;
   };
@@ -204,12 +315,13 @@ void load(const hf_dir& d, M& m, const typename M::config_type& c) {
     if (why == "unknown")
       unknown.push_back(n);
     else
-      throw error("'" + d.dir + "': " + why);
+      throw error("'" + d.dir + "': " + why + " (does config.json match the weights?)");
   }
   if (!unknown.empty()) {
     std::string list;
     for (const auto& u : unknown) list += (list.empty() ? "" : ", ") + u;
-    throw error("'" + d.dir + "' holds tensors a " + std::string(A::model_type) + " model does not have: " + list);
+    throw error("'" + d.dir + "' holds tensors a " + std::string(A::model_type) +
+                " model does not have (does config.json match the weights?): " + list);
   }
 }
 

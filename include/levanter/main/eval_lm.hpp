@@ -142,10 +142,10 @@ eval_lm_result evaluate_model(const eval_job& job, const eval_model& m, std::ost
 /// section alone (a Hugging Face directory, or a checkpoint without config.yaml).
 template <class C>
 C eval_model_config(const eval_job& job) {
-  const C* given = job.model.template get_if<C>();
+  const C* given = model_config_as<C>(job.model);
   C out = given ? *given : C{};
   if (!job.train_config) return out;
-  const C* saved = job.train_config->model.template get_if<C>();
+  const C* saved = model_config_as<C>(job.train_config->model);
   if (!saved)
     throw config::config_error("model.type: the checkpoint holds a '" +
                                std::string(job.train_config->model.type_name()) + "' model, not a '" +

@@ -23,6 +23,7 @@
 #include <levanter/main/model_loading.hpp>
 #include <levanter/main/programs.hpp>
 #include <levanter/models/registry.hpp>
+#include <levanter/trainer/run.hpp>
 
 namespace levanter {
 
@@ -114,7 +115,8 @@ std::vector<std::string> copy_tokenizer_files(const std::string& spec, const std
 
 /// What the import writes: the model-only checkpoint with a train_lm config naming the architecture.
 void write_imported_checkpoint(const ImportHfConfig& cfg, std::vector<checkpoint::named_file> files,
-                               std::int64_t vocab, std::int64_t parameters, std::ostream& out);
+                               std::int64_t vocab, std::int64_t parameters, const nlohmann::json& hf_config,
+                               std::ostream& out);
 
 }  // namespace detail
 
@@ -151,12 +153,14 @@ void import_hf_to_lm_with(const ImportHfConfig& cfg, const hf::hf_dir& d, const 
       mc = hf::config_from_hf<M>(mc, d);
     else
       hf::check_matches<M>(mc, d, "hf_checkpoint '" + cfg.hf_checkpoint + "'");
+    check_model_fits(mc.parameter_count(d.vocab_size), 1, "the model of '" + cfg.hf_checkpoint + "'");
     auto model = M::init(mc, d.vocab_size, haliax::random::make_key(0));
     hf::load(d, model, mc);
     ImportHfConfig with_model = cfg;
     with_model.model = as_model_choice(mc);
     auto files = checkpoint::train_state_files<M>(model, nullptr, 0, haliax::random::key{}, 0, "");
-    detail::write_imported_checkpoint(with_model, std::move(files), d.vocab_size, haliax::tree::parameter_count(model), out);
+    detail::write_imported_checkpoint(with_model, std::move(files), d.vocab_size, haliax::tree::parameter_count(model),
+                                      d.config, out);
   } else {
     throw config::config_error("model type '" + std::string(M::config_type::type_name) +
                                "' has no Hugging Face adapter, so it cannot be imported");

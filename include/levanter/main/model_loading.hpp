@@ -15,6 +15,7 @@
 #include <levanter/compat/hf.hpp>
 #include <levanter/main/train_lm_config.hpp>
 #include <levanter/models/lm.hpp>
+#include <levanter/trainer/run.hpp>
 
 namespace levanter {
 
@@ -46,6 +47,7 @@ struct loaded_lm {
 template <LmModel M>
 loaded_lm<M> load_lm_from_checkpoint(const checkpoint::checkpoint_info& c, const typename M::config_type& mc) {
   const std::int64_t vocab = checkpoint_vocab_size(c);
+  check_model_fits(mc.parameter_count(vocab), 1, "the model of checkpoint '" + c.path.string() + "'");
   loaded_lm<M> out{M::init(mc, vocab, haliax::random::make_key(0)), mc, c.path.string(), std::nullopt};
   out.step = checkpoint::load_train_state<M>(c, out.model, nullptr, false).step;
   return out;
@@ -56,6 +58,7 @@ template <LmModel M>
 loaded_lm<M> load_lm_from_hf(const hf::hf_dir& d, const typename M::config_type& base) {
   if constexpr (hf::HfConvertible<M>) {
     const auto mc = hf::config_from_hf<M>(base, d);
+    check_model_fits(mc.parameter_count(d.vocab_size), 1, "the model of '" + d.dir + "'");
     loaded_lm<M> out{M::init(mc, d.vocab_size, haliax::random::make_key(0)), mc, d.dir, std::nullopt};
     hf::load(d, out.model, mc);
     return out;

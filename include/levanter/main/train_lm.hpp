@@ -63,7 +63,30 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
                           std::ostream& out, const std::vector<hook<M>>& hooks = {}) {
   namespace fs = std::filesystem;
   const auto& t = cfg.trainer;
-  run_context run(t, resolved_yaml, out, "train_lm");
+
+  // A Hugging Face model to start from: its config.json may also give the model config.
+  std::optional<hf::hf_dir> hf_init;
+  std::string recorded_yaml = resolved_yaml;
+  if (const auto* hf_path = std::get_if<std::string>(&cfg.initialize_from_hf)) {
+    if constexpr (hf::HfConvertible<M>) {
+      hf_init.emplace(hf::open_dir(*hf_path, "initialize_from_hf"));
+      if (cfg.use_hf_model_config) {
+        mc = hf::config_from_hf<M>(mc, *hf_init);
+        // The run directory and every checkpoint record the architecture that trains, not the command line's model
+        // section (which use_hf_model_config replaced): export_lm_to_hf, eval_lm and viz_logprobs read it there.
+        TrainLmConfig recorded = cfg;
+        recorded.model = as_model_choice(mc);
+        recorded_yaml = config::to_yaml_string(recorded);
+      } else {
+        hf::check_matches<M>(mc, *hf_init, "initialize_from_hf '" + *hf_path + "'");
+      }
+    } else {
+      throw config::config_error("initialize_from_hf: model type '" + std::string(M::config_type::type_name) +
+                                 "' has no Hugging Face adapter");
+    }
+  }
+
+  run_context run(t, recorded_yaml, out, "train_lm");
   auto log = run.logger();
 
   // Keys as upstream: data, loader, model, training.
@@ -71,21 +94,6 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
   const auto data_key = cfg.data_seed ? haliax::random::make_key(static_cast<std::uint64_t>(*cfg.data_seed)) : keys[0];
   const auto model_key = keys[2];
   const auto training_key = keys[3];
-
-  // A Hugging Face model to start from: its config.json may also give the model config.
-  std::optional<hf::hf_dir> hf_init;
-  if (const auto* hf_path = std::get_if<std::string>(&cfg.initialize_from_hf)) {
-    if constexpr (hf::HfConvertible<M>) {
-      hf_init.emplace(hf::open_dir(*hf_path, "initialize_from_hf"));
-      if (cfg.use_hf_model_config)
-        mc = hf::config_from_hf<M>(mc, *hf_init);
-      else
-        hf::check_matches<M>(mc, *hf_init, "initialize_from_hf '" + *hf_path + "'");
-    } else {
-      throw config::config_error("initialize_from_hf: model type '" + std::string(M::config_type::type_name) +
-                                 "' has no Hugging Face adapter");
-    }
-  }
 
   // Data: the tokenizer, a cache per dataset and split (built in the background the first time), the order.
   data::lm_data::options dopt;
@@ -104,6 +112,10 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
   // EOS marks document boundaries (segment ids); -1 when the tokenizer has none (passthrough).
   const std::int64_t eos = tok.eos_id() ? *tok.eos_id() : -1;
   const auto ignore = cfg.data.ignore_token_id;
+
+  // Before anything is allocated: a model too large for this machine is a config error, not an allocation failure.
+  check_model_fits(mc.parameter_count(vocab), distributed::world().size(),
+                   "model (type " + std::string(M::config_type::type_name) + ")");
 
   // The model, its optimizer, and the Trainer that resumes them.
   const double z_loss = cfg.z_loss_weight;
@@ -137,7 +149,7 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
   const json metadata = run_metadata();
   if (run.writer()) io::write_file_atomic(run.dir() / "run_metadata.json", metadata.dump(2) + "\n");
   {
-    json hparams = config_to_json(resolved_yaml);
+    json hparams = config_to_json(recorded_yaml);
     hparams["run_metadata"] = metadata;
     run.tracker().log_hyperparameters(hparams);
   }

@@ -93,6 +93,11 @@ namespace levanter {
 /// set at, and what to do), and notes for keys we accept but ignore.
 config::validation_result validate_train_lm(const TrainLmConfig& cfg, const config::source_map& sources);
 
+/// What `train_lm --dry_run` checks beyond validate_train_lm, needing no training data: every data file the URLs
+/// name exists and can be opened, the tokenizer loads, and the model's parameters, gradients and moments fit in the
+/// machine's memory. Throws data::data_error or config::config_error naming the key.
+void dry_run_checks(const TrainLmConfig& cfg);
+
 }  // namespace levanter
 
 // The config machinery for TrainLmConfig is instantiated once, in the library (src/main/train_lm.cpp).

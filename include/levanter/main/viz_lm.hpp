@@ -106,10 +106,27 @@ template <LmModel M>
 loaded_lm<M> load_viz_model(const viz_source& s, const viz_job& job) {
   using C = typename M::config_type;
   std::optional<C> given;
-  if (job.model_given) given = *job.cfg->model.template get_if<C>();
-  if (s.hf) return load_lm_from_hf<M>(*s.hf, given.value_or(C{}));
+  if (job.model_given) {
+    const C* c = model_config_as<C>(job.cfg->model);
+    if (!c)
+      throw config::config_error(s.key + ": the model section is a '" + std::string(job.cfg->model.type_name()) +
+                                 "', but this model is a '" + std::string(C::type_name) + "'");
+    given = *c;
+  }
+  if (s.hf) {
+    // Without a model section, the directory's own type (a Mistral's config.json gives the mistral family).
+    if (!given) {
+      const ModelChoice own = model_choice_for_hf(*s.hf);
+      const C* c = model_config_as<C>(own);
+      if (!c)
+        throw config::config_error(s.key + ": '" + s.hf->dir + "' holds a '" + s.hf->model_type +
+                                   "' model, but the other model is a '" + std::string(C::type_name) + "'");
+      given = *c;
+    }
+    return load_lm_from_hf<M>(*s.hf, *given);
+  }
   if (!given && s.train_config) {
-    const C* c = s.train_config->model.template get_if<C>();
+    const C* c = model_config_as<C>(s.train_config->model);
     if (!c)
       throw config::config_error(s.key + ": the checkpoint holds a '" + std::string(s.train_config->model.type_name()) +
                                  "' model but the other model is a '" + std::string(C::type_name) + "'");

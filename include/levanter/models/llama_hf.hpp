@@ -41,6 +41,17 @@ struct hf_adapter<llama::LMHeadModel> {
   static bool missing_ok(const std::string&) { return false; }
   static std::string full_name(const hf_dir&, const std::string& hf_name) { return hf_name; }
   static std::string unused(const hf_dir& d, const std::string& name);
+  /// Our model keys and the config.json keys they come from, for messages about an imported config.
+  static std::vector<std::pair<std::string, std::string>> hf_keys() {
+    return {{"model.seq_len", "max_position_embeddings"}, {"model.hidden_dim", "hidden_size"},
+            {"model.intermediate_dim", "intermediate_size"}, {"model.num_layers", "num_hidden_layers"},
+            {"model.num_heads", "num_attention_heads"}, {"model.num_kv_heads", "num_key_value_heads"},
+            {"model.head_dim", "head_dim"}, {"model.layer_norm_epsilon", "rms_norm_eps"},
+            {"model.activation_function", "hidden_act"}, {"model.initializer_range", "initializer_range"},
+            {"model.sliding_window", "sliding_window"}, {"model.max_window_layers", "max_window_layers"},
+            {"model.use_sliding_window", "use_sliding_window"}, {"model.rope.theta", "rope_theta"},
+            {"model.rope.", "rope_parameters."}};
+  }
 };
 
 }  // namespace levanter::hf

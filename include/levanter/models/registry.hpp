@@ -60,6 +60,21 @@ ModelChoice as_model_choice(const C& c) {
 template <class C>
 struct model_of;
 
+/// The chosen config as a `C`, when it is one or derives from one (a `type: mistral` section is a LlamaConfig of the
+/// mistral family, which the Llama model reads); null otherwise. Use this, not `get_if<C>`, with a model's
+/// config_type: `get_if<LlamaConfig>` is null for every family but llama.
+template <class C>
+const C* model_config_as(const ModelChoice& choice) {
+  return std::visit(
+      [](const auto& x) -> const C* {
+        if constexpr (std::is_base_of_v<C, std::remove_cvref_t<decltype(x)>>)
+          return &x;
+        else
+          return nullptr;
+      },
+      choice.value);
+}
+
 /// Calls `f(std::type_identity<M>{}, config)` with the model type `M` of the chosen config. The model types'
 /// definitions must be visible where this is instantiated (include their headers).
 template <class F>

@@ -55,6 +55,14 @@ std::string openblas_core();
 double measure_gemm_peak(const std::vector<matmul_shape>& shapes, std::int64_t m,
                          haliax::matmul_precision p = haliax::matmul_precision::f32);
 
+/// The memory the arrays can use: the GPU's on a CUDA build, the machine's (MemTotal) otherwise; 0 if unknown.
+std::int64_t array_memory_bytes();
+
+/// Throws config::config_error when a model of `parameters` parameters cannot fit: its f32 parameters, gradients and
+/// AdamW's two moments (16 bytes a parameter, a lower bound of what training holds), spread over `ranks` processes,
+/// exceed array_memory_bytes(). `what` names the model in the message ("model (type llama)").
+void check_model_fits(std::int64_t parameters, int ranks, const std::string& what);
+
 /// "1h02m", "3m05s", "42s".
 std::string human_duration(double seconds);
 
