@@ -204,3 +204,23 @@ TEST_CASE("import_hf_to_lm: a vocab_size past 32 bits or a head_dim of 0 is refu
   }
   fs::remove_all(work);
 }
+
+TEST_CASE("import_hf_to_lm: a config.json nested 100000 deep, over 16 MiB or not an object is refused, naming it") {
+  const fs::path work = fs::temp_directory_path() / ("levanter_hf_shape_" + std::to_string(::getpid()));
+  const fs::path base = golden + "/hf_llama/qwen3";
+  for (const auto& [what, text, expect] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"deep", std::string(100000, '['), "nests arrays or objects more than 64 deep"},
+           {"large", "{\"vocab_size\": 64, \"pad\": \"" + std::string(17u << 20, 'x') + "\"}", "a config.json is at most"},
+           {"a list", "[1, 2]", "is not a JSON object"},
+           {"not JSON", "{\"vocab_size\": 64,", "is not valid JSON"}}) {
+    write_dir(base, work / "hf", json::object());
+    std::ofstream(work / "hf" / "config.json", std::ios::trunc) << text;
+    fs::remove_all(work / "ckpt");
+    const auto r = import_dir(work / "hf", work / "ckpt");
+    CHECK_MESSAGE(r.code == 5, what << ": exit " << r.code << ": " << r.message);
+    CHECK_MESSAGE(r.message.find("config.json") != std::string::npos, what << ": " << r.message);
+    CHECK_MESSAGE(r.message.find(expect) != std::string::npos, what << ": " << r.message);
+    CHECK_FALSE(fs::exists(work / "ckpt" / "metadata.json"));
+  }
+  fs::remove_all(work);
+}

@@ -2,6 +2,7 @@
 #include <levanter/compat/hf.hpp>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -29,24 +30,6 @@ std::string torch_dtype_name(safetensors::dtype t) {
 }
 
 namespace detail {
-
-std::int64_t get_int(const nlohmann::json& j, const char* key, const std::string& where) {
-  if (!j.contains(key) || !j[key].is_number_integer())
-    throw error(where + ": config.json has no integer '" + std::string(key) + "'");
-  return j[key].get<std::int64_t>();
-}
-
-int get_int_in(const nlohmann::json& j, const char* key, const std::string& where, std::int64_t lo, std::int64_t hi) {
-  if (!j.contains(key) || !j[key].is_number_integer())
-    throw error(where + ": config.json has no integer '" + std::string(key) + "'");
-  // Checked before narrowing: 4294967328 must not become 32. An unsigned 64-bit value above 2^63 is out of range too.
-  const bool huge = j[key].is_number_unsigned() && j[key].get<std::uint64_t>() > std::uint64_t(INT64_MAX);
-  const std::int64_t v = huge ? INT64_MAX : j[key].get<std::int64_t>();
-  if (huge || v < lo || v > hi)
-    throw error(where + ": '" + std::string(key) + "' is " + j[key].dump() + "; it must be an integer in [" +
-                config::fmt_bound(lo) + ", " + config::fmt_bound(hi) + "]");
-  return static_cast<int>(v);
-}
 
 std::string layer_name(const std::string& pattern, std::int64_t i) {
   const auto pos = pattern.find("{i}");
@@ -94,27 +77,16 @@ hf_dir open_dir(const std::string& path, const std::string& what) {
                 "possible here: download it first (e.g. `huggingface-cli download " + path +
                 " --local-dir DIR`) and give DIR");
   const fs::path cfg_path = fs::path(path) / "config.json";
-  std::ifstream in(cfg_path);
+  std::ifstream in(cfg_path, std::ios::binary);
   if (!in) throw error(what + ": '" + cfg_path.string() + "' is missing");
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw error(what + ": '" + cfg_path.string() + "' is not valid JSON (" + e.what() + ")");
-  }
-  if (!config.is_object()) throw error(what + ": '" + cfg_path.string() + "' is not a JSON object");
-  std::string model_type;
-  try {
-    model_type = detail::get_or<std::string>(config, "model_type", "");
-  } catch (const detail::value_error& e) {
-    throw error(what + ": '" + cfg_path.string() + "': " + e.what());
-  }
-  hf_dir d{path, config, 0, safetensors::hf_dir(path), model_type};
-  try {
-    d.vocab_size = detail::get_int_in(d.config, "vocab_size", cfg_path.string(), 1, config::bounds::max_vocab);
-  } catch (const error& e) {
-    throw error(what + ": " + e.what());
-  }
+  // At most one byte past the limit is read, so that parse_config_json names a file that is too large.
+  const auto size = fs::file_size(cfg_path, ec);
+  std::string text(ec ? max_config_json_bytes + 1 : std::min<std::uintmax_t>(size, max_config_json_bytes + 1), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw error(what + ": '" + cfg_path.string() + "' cannot be read");
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  auto c = parse_config_json(text, cfg_path.string(), what);
+  hf_dir d{path, std::move(c.config), c.vocab_size, safetensors::hf_dir(path), std::move(c.model_type)};
   return d;
 }
 

@@ -37,15 +37,11 @@
 #include <nlohmann/json.hpp>
 
 #include <haliax/tree.hpp>
+#include <levanter/compat/hf_json.hpp>
 #include <levanter/compat/safetensors.hpp>
 #include <levanter/config/validate.hpp>
 
 namespace levanter::hf {
-
-/// A Hugging Face checkpoint that cannot be used; the message names the directory or tensor and what to do.
-struct error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 /// upstream `max_shard_size` default: 10e9 bytes per safetensors shard.
 inline constexpr std::uint64_t default_max_shard_bytes = 10'000'000'000ULL;
@@ -87,37 +83,6 @@ template <class M>
 concept HfConvertible = requires { hf_adapter<M>::model_type; };
 
 namespace detail {
-std::int64_t get_int(const nlohmann::json& j, const char* key, const std::string& where);
-/// config.json's integer `key` when it lies in [lo, hi] (checked before it is narrowed to int), else an error naming
-/// the file (`where`), the key, the value and the range.
-int get_int_in(const nlohmann::json& j, const char* key, const std::string& where, std::int64_t lo, std::int64_t hi);
-/// A config.json value of the wrong type (get_or); the callers that know the file add its name.
-struct value_error : error {
-  using error::error;
-};
-template <class T>
-T get_or(const nlohmann::json& j, const char* key, T fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  const auto& v = j[key];
-  const bool ok = std::is_same_v<T, bool>          ? v.is_boolean()
-                  : std::is_same_v<T, std::string> ? v.is_string()
-                  : std::is_integral_v<T>          ? v.is_number_integer()
-                                                   : v.is_number();
-  if (!ok) {
-    const char* want = std::is_same_v<T, bool>          ? "true or false"
-                       : std::is_same_v<T, std::string> ? "a string"
-                       : std::is_integral_v<T>          ? "an integer"
-                                                        : "a number";
-    throw value_error("'" + std::string(key) + "' is " + v.dump() + ", not " + want);
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    const T x = v.get<T>();
-    if (!std::isfinite(x)) throw value_error("'" + std::string(key) + "' is " + v.dump() + ", not a finite number");
-    return x;
-  } else {
-    return v.get<T>();
-  }
-}
 std::string layer_name(const std::string& pattern, std::int64_t i);
 /// Writes `json_text` as config.json in `dir` atomically. Throws error.
 void write_config_json(const std::string& dir, const std::string& json_text);
@@ -127,35 +92,13 @@ void check_model_type(const hf_dir& d, std::string_view want);
 /// becomes one tensor per layer.
 void host_copy(const std::string& name, const float* data, std::size_t n, const std::string& pattern,
                std::int64_t layers, std::map<std::string, std::vector<float>>& out);
-/// The model checks train_lm makes (`validate(validator&, const C&)`, next to each config), on a config made from
-/// config.json `where`; throws error listing what is wrong, with our key names (config.json's differ: e.g.
-/// rms_norm_eps is model.layer_norm_epsilon, max_position_embeddings model.seq_len).
+/// check_model_config (compat/hf_json.hpp) with adapter `A`'s key names (`A::hf_keys()`, when it has them).
 template <class A, class C>
 void check_hf_model_config(const C& c, const std::string& where) {
-  if constexpr (requires(config::validator& v) { validate(v, c); }) {
-    const config::source_map none;
-    config::validator v{none, {}};
-    validate(v, c);
-    if (!v.result.errors.empty()) {
-      std::string all;
-      for (auto e : v.result.errors) {
-        // Name config.json's key first: "rms_norm_eps (model.layer_norm_epsilon): must be ...".
-        if constexpr (requires { A::hf_keys(); }) {
-          std::size_t best = 0;
-          std::string theirs;
-          for (const auto& [ours, hf] : A::hf_keys())
-            if (e.rfind(ours, 0) == 0 && ours.size() > best) best = ours.size(), theirs = hf;
-          if (best) {
-            const auto end = e.find_first_of(" :", best);
-            const std::string ours = e.substr(0, end);
-            e = theirs + ours.substr(best) + " (our " + ours + ")" + e.substr(end == std::string::npos ? e.size() : end);
-          }
-        }
-        all += (all.empty() ? "" : "; ") + e;
-      }
-      throw error(where + " describes a model that cannot be used: " + all);
-    }
-  }
+  if constexpr (requires { A::hf_keys(); })
+    check_model_config(c, where, A::hf_keys());
+  else
+    check_model_config(c, where, {});
 }
 
 /// Refuses a directory whose model_type adapter `A` does not read (an adapter for a family of model types says

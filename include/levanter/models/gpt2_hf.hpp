@@ -19,6 +19,7 @@
 
 #include <levanter/compat/hf.hpp>
 #include <levanter/models/gpt2.hpp>
+#include <levanter/models/hf_config_json.hpp>
 
 namespace levanter::hf {
 
@@ -38,14 +39,7 @@ struct hf_adapter<gpt2::LMHeadModel> {
   static std::string full_name(const hf_dir& d, const std::string& hf_name);
   static std::string unused(const hf_dir& d, const std::string& name);
   /// Our model keys and the config.json keys they come from, for messages about an imported config.
-  static std::vector<std::pair<std::string, std::string>> hf_keys() {
-    return {{"model.seq_len", "n_positions"},        {"model.hidden_dim", "n_embd"},
-            {"model.num_layers", "n_layer"},         {"model.num_heads", "n_head"},
-            {"model.mlp_scale", "n_inner"},          {"model.layer_norm_epsilon", "layer_norm_epsilon"},
-            {"model.activation_function", "activation_function"}, {"model.initializer_range", "initializer_range"},
-            {"model.attn_pdrop", "attn_pdrop"},      {"model.embed_pdrop", "embd_pdrop"},
-            {"model.resid_pdrop", "resid_pdrop"}};
-  }
+  static std::vector<std::pair<std::string, std::string>> hf_keys() { return gpt2_hf_keys(); }
 };
 
 }  // namespace levanter::hf

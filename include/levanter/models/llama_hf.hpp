@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <levanter/compat/hf.hpp>
+#include <levanter/models/hf_config_json.hpp>
 #include <levanter/models/llama.hpp>
 #include <nlohmann/json.hpp>
 
@@ -42,16 +43,7 @@ struct hf_adapter<llama::LMHeadModel> {
   static std::string full_name(const hf_dir&, const std::string& hf_name) { return hf_name; }
   static std::string unused(const hf_dir& d, const std::string& name);
   /// Our model keys and the config.json keys they come from, for messages about an imported config.
-  static std::vector<std::pair<std::string, std::string>> hf_keys() {
-    return {{"model.seq_len", "max_position_embeddings"}, {"model.hidden_dim", "hidden_size"},
-            {"model.intermediate_dim", "intermediate_size"}, {"model.num_layers", "num_hidden_layers"},
-            {"model.num_heads", "num_attention_heads"}, {"model.num_kv_heads", "num_key_value_heads"},
-            {"model.head_dim", "head_dim"}, {"model.layer_norm_epsilon", "rms_norm_eps"},
-            {"model.activation_function", "hidden_act"}, {"model.initializer_range", "initializer_range"},
-            {"model.sliding_window", "sliding_window"}, {"model.max_window_layers", "max_window_layers"},
-            {"model.use_sliding_window", "use_sliding_window"}, {"model.rope.theta", "rope_theta"},
-            {"model.rope.", "rope_parameters."}};
-  }
+  static std::vector<std::pair<std::string, std::string>> hf_keys() { return llama_hf_keys(); }
 };
 
 }  // namespace levanter::hf
