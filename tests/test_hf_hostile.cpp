@@ -224,3 +224,43 @@ TEST_CASE("import_hf_to_lm: a config.json nested 100000 deep, over 16 MiB or not
   }
   fs::remove_all(work);
 }
+
+TEST_CASE("import_hf_to_lm: RoPE settings we cannot honour are refused by name, never replaced by plain RoPE") {
+  const fs::path work = fs::temp_directory_path() / ("levanter_hf_rope_" + std::to_string(::getpid()));
+  const fs::path base = golden + "/hf_llama/llama_mqa_llama3";
+  json c;
+  std::ifstream(base / "config.json") >> c;
+  const json llama3 = c["rope_parameters"];
+  auto with = [&](const char* key, const json& v) {
+    json m = c;
+    m.erase("rope_parameters");
+    m[key] = v;
+    return m;
+  };
+  json conflict = c;  // transformers 4's rope_scaling beside transformers 5's rope_parameters, saying another factor
+  conflict["rope_scaling"] = llama3;
+  conflict["rope_scaling"]["factor"] = 2.0;
+  json equal_factors = c;
+  equal_factors["rope_parameters"]["high_freq_factor"] = 1.0;
+  json yarn_zero = c;
+  yarn_zero["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 0.0}, {"rope_theta", 10000.0}};
+  for (const auto& [what, config, expect] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"rope_type dynamic", with("rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}}),
+            "rope_type 'dynamic' is not supported"},
+           {"rope_scaling longrope", with("rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}),
+            "rope_type 'longrope' is not supported"},
+           {"an unknown type", with("rope_parameters", {{"rope_type", "spiral"}}), "rope_type 'spiral' is not supported"},
+           {"rope_parameters a list", with("rope_parameters", json::array({1, 2})), "'rope_parameters' is [1,2], not an object"},
+           {"rope_scaling a string", with("rope_scaling", "linear"), "'rope_scaling' is \"linear\", not an object"},
+           {"rope_scaling disagreeing with rope_parameters", conflict, "rope_scaling's 'factor' (2.0) differs"},
+           {"llama3 low_freq_factor == high_freq_factor", equal_factors, "rope_parameters.high_freq_factor (our model.rope.high_freq_factor)"},
+           {"yarn factor 0", yarn_zero, "rope_parameters.factor (our model.rope.factor)"}}) {
+    write_dir(base, work / "hf", config);
+    fs::remove_all(work / "ckpt");
+    const auto r = import_dir(work / "hf", work / "ckpt");
+    CHECK_MESSAGE(r.code == 5, what << ": exit " << r.code << ": " << r.message);
+    CHECK_MESSAGE(r.message.find("config.json") != std::string::npos, what << ": " << r.message);
+    CHECK_MESSAGE(r.message.find(expect) != std::string::npos, what << ": " << r.message);
+  }
+  fs::remove_all(work);
+}
