@@ -53,6 +53,29 @@ std::string slurp(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+/// Flips one bit in the middle of file `p` (its size unchanged).
+void flip_middle_byte(const fs::path& p) {
+  std::string bytes = slurp(p);
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+/// resume_newest under `base` into a fresh model: the step it loaded, the model and the log lines.
+struct resumed {
+  ck::resume_outcome outcome;
+  std::int64_t step = -1;
+  LMHeadModel model;
+  std::vector<std::string> log;
+};
+resumed resume(const fs::path& base) {
+  resumed r{ck::resume_outcome::none_found, -1, model(3), {}};
+  auto load = [&](const ck::checkpoint_info& c) {
+    r.step = ck::load_train_state<LMHeadModel>(c, r.model, nullptr, false).step;
+  };
+  r.outcome = ck::resume_newest(base, load, [&](const std::string& s) { r.log.push_back(s); });
+  return r;
+}
+
 /// Writes a committed checkpoint of `m` at `step` under `base` with a given timestamp.
 fs::path save(const fs::path& base, const LMHeadModel& m, std::int64_t step, bool temporary,
               std::chrono::system_clock::time_point when = std::chrono::system_clock::now()) {
@@ -390,20 +413,13 @@ TEST_CASE("checkpoint: a changed byte anywhere in a checkpoint's files is detect
   CHECK_NOTHROW(ck::verify_files(info));
 
   // On resume, the damaged newest checkpoint is skipped with its reason and the previous one loads.
-  {
-    std::string damaged = slurp(newest / "model.h5");
-    damaged[damaged.size() / 2] ^= 0x10;
-    std::ofstream(newest / "model.h5", std::ios::binary | std::ios::trunc) << damaged;
-  }
-  std::vector<std::string> log;
-  auto m = model(3);
-  std::int64_t step = -1;
-  auto load = [&](const ck::checkpoint_info& c) { step = ck::load_train_state<LMHeadModel>(c, m, nullptr, false).step; };
-  CHECK(ck::resume_newest(base, load, [&](const std::string& s) { log.push_back(s); }) == ck::resume_outcome::loaded);
-  CHECK(step == 10);
-  CHECK(values(m) == values(a));
-  REQUIRE(log.size() == 1);
-  CHECK(log[0].find("'model.h5' do not match their checksum") != std::string::npos);
+  flip_middle_byte(newest / "model.h5");
+  const auto r = resume(base);
+  CHECK(r.outcome == ck::resume_outcome::loaded);
+  CHECK(r.step == 10);
+  CHECK(values(r.model) == values(a));
+  REQUIRE(r.log.size() == 1);
+  CHECK(r.log[0].find("'model.h5' do not match their checksum") != std::string::npos);
   fs::remove_all(base);
 }
 
@@ -418,22 +434,15 @@ TEST_CASE("checkpoint: a file of the format missing from metadata.json's list is
   meta["files"].erase("model.h5");
   meta["checksums"].erase("model.h5");
   std::ofstream(newest / "metadata.json", std::ios::trunc) << meta.dump(2);
-  {
-    std::string damaged = slurp(newest / "model.h5");
-    damaged[damaged.size() / 2] ^= 0x10;
-    std::ofstream(newest / "model.h5", std::ios::binary | std::ios::trunc) << damaged;
-  }
+  flip_middle_byte(newest / "model.h5");
   CHECK_THROWS_WITH_AS(ck::verify_files(ck::read_metadata(newest).value()),
                        doctest::Contains("metadata.json does not list 'model.h5'"), ck::error);
-  std::vector<std::string> log;
-  auto m = model(3);
-  std::int64_t step = -1;
-  auto load = [&](const ck::checkpoint_info& c) { step = ck::load_train_state<LMHeadModel>(c, m, nullptr, false).step; };
-  CHECK(ck::resume_newest(base, load, [&](const std::string& s) { log.push_back(s); }) == ck::resume_outcome::loaded);
-  CHECK(step == 10);
-  CHECK(values(m) == values(a));
-  REQUIRE(log.size() == 1);
-  CHECK(log[0].find("does not list 'model.h5'") != std::string::npos);
+  const auto r = resume(base);
+  CHECK(r.outcome == ck::resume_outcome::loaded);
+  CHECK(r.step == 10);
+  CHECK(values(r.model) == values(a));
+  REQUIRE(r.log.size() == 1);
+  CHECK(r.log[0].find("does not list 'model.h5'") != std::string::npos);
   // Any other file of the format present but unlisted is damage too.
   const auto older = base / "step-10";
   auto meta10 = nlohmann::json::parse(slurp(older / "metadata.json"));
