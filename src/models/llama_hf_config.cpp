@@ -111,8 +111,8 @@ RopeChoice rope_from_hf(const nlohmann::json& j, std::int64_t max_positions, con
       throw error(where + ": yarn with truncate false is not supported");
     r.value = c;
   } else {
-    throw error(where + ": rope_type '" + type + "' is not supported (use default, linear, llama3 or yarn; dynamic "
-                "and longrope scaling are not implemented)");
+    throw error(where + ": rope_type '" + type + "' is not supported (use default, linear, llama3 or yarn; we do "
+                "not compute dynamic or longrope scaling)");
   }
   if (detail::get_or<double>(p, "partial_rotary_factor", 1.0) != 1.0)
     throw error(where + ": partial_rotary_factor other than 1 is not supported");
