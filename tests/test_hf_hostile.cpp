@@ -85,6 +85,20 @@ void write_dir(const fs::path& base, const fs::path& dir, const json& config) {
   std::ofstream(dir / "config.json") << config.dump(2);
 }
 
+/// import_hf_to_lm on a copy of `base` whose config.json is `text` must exit 5 with a message naming config.json and
+/// holding `expect`, and write no checkpoint.
+void check_refused(const fs::path& base, const fs::path& work, const std::string& text, const std::string& what,
+                   const std::string& expect) {
+  write_dir(base, work / "hf", json::object());
+  std::ofstream(work / "hf" / "config.json", std::ios::trunc) << text;
+  fs::remove_all(work / "ckpt");
+  const auto r = import_dir(work / "hf", work / "ckpt");
+  CHECK_MESSAGE(r.code == 5, what << ": exit " << r.code << ": " << r.message);
+  CHECK_MESSAGE(r.message.find("config.json") != std::string::npos, what << ": " << r.message);
+  CHECK_MESSAGE(r.message.find(expect) != std::string::npos, what << ": " << r.message);
+  CHECK_FALSE(fs::exists(work / "ckpt" / "metadata.json"));
+}
+
 struct tally {
   int imported = 0, refused = 0;
 };
@@ -195,12 +209,7 @@ TEST_CASE("import_hf_to_lm: a vocab_size past 32 bits or a head_dim of 0 is refu
            {"rms_norm_eps", -1e-6, "rms_norm_eps (our model.layer_norm_epsilon)"}}) {
     json m = c;
     m[key] = value;
-    write_dir(base, work / "hf", m);
-    fs::remove_all(work / "ckpt");
-    const auto r = import_dir(work / "hf", work / "ckpt");
-    CHECK(r.code == 5);
-    CHECK_MESSAGE(r.message.find("config.json") != std::string::npos, r.message);
-    CHECK_MESSAGE(r.message.find(expect) != std::string::npos, key << ": " << r.message);
+    check_refused(base, work, m.dump(2), key, expect);
   }
   fs::remove_all(work);
 }
@@ -213,14 +222,7 @@ TEST_CASE("import_hf_to_lm: a config.json nested 100000 deep, over 16 MiB or not
            {"large", "{\"vocab_size\": 64, \"pad\": \"" + std::string(17u << 20, 'x') + "\"}", "a config.json is at most"},
            {"a list", "[1, 2]", "is not a JSON object"},
            {"not JSON", "{\"vocab_size\": 64,", "is not valid JSON"}}) {
-    write_dir(base, work / "hf", json::object());
-    std::ofstream(work / "hf" / "config.json", std::ios::trunc) << text;
-    fs::remove_all(work / "ckpt");
-    const auto r = import_dir(work / "hf", work / "ckpt");
-    CHECK_MESSAGE(r.code == 5, what << ": exit " << r.code << ": " << r.message);
-    CHECK_MESSAGE(r.message.find("config.json") != std::string::npos, what << ": " << r.message);
-    CHECK_MESSAGE(r.message.find(expect) != std::string::npos, what << ": " << r.message);
-    CHECK_FALSE(fs::exists(work / "ckpt" / "metadata.json"));
+    check_refused(base, work, text, what, expect);
   }
   fs::remove_all(work);
 }
@@ -255,12 +257,7 @@ TEST_CASE("import_hf_to_lm: RoPE settings we cannot honour are refused by name, 
            {"rope_scaling disagreeing with rope_parameters", conflict, "rope_scaling's 'factor' (2.0) differs"},
            {"llama3 low_freq_factor == high_freq_factor", equal_factors, "rope_parameters.high_freq_factor (our model.rope.high_freq_factor)"},
            {"yarn factor 0", yarn_zero, "rope_parameters.factor (our model.rope.factor)"}}) {
-    write_dir(base, work / "hf", config);
-    fs::remove_all(work / "ckpt");
-    const auto r = import_dir(work / "hf", work / "ckpt");
-    CHECK_MESSAGE(r.code == 5, what << ": exit " << r.code << ": " << r.message);
-    CHECK_MESSAGE(r.message.find("config.json") != std::string::npos, what << ": " << r.message);
-    CHECK_MESSAGE(r.message.find(expect) != std::string::npos, what << ": " << r.message);
+    check_refused(base, work, config.dump(2), what, expect);
   }
   fs::remove_all(work);
 }
