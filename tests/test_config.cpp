@@ -242,8 +242,13 @@ TEST_CASE("choices: type key, bare name, default, unknown and unsupported types"
   CHECK(round_trip(c).get_if<InvSqrtLrSchedule>()->timescale == 500);
   std::string e = error_of([] { dec<LrScheduleChoice>("{type: wsd}"); });
   CHECK(contains(e, "x.type (<yaml>:1): unknown type 'wsd'; supported types: {cosine,constant,linear,inv_sqrt,inv,power}"));
-  e = error_of([] { dec<OptimizerChoice>("{type: lion, beta1: 0.9}"); });
-  CHECK(contains(e, "x.type (<yaml>:1): lion is not supported yet; use type: adam"));
+  CHECK(dec<OptimizerChoice>("{type: lion, beta1: 0.8}").get_if<LionConfig>()->beta1 == 0.8);
+  CHECK(dec<OptimizerChoice>("{type: mars, weight_decay: 0.2}").get_if<MarsConfig>()->weight_decay == 0.2);
+  CHECK(round_trip(dec<OptimizerChoice>("{type: rmsprop, eps: 1e-20}")).get_if<RMSPropMomentumConfig>()->eps == 1e-20);
+  e = error_of([] { dec<OptimizerChoice>("{type: muon, momentum: 0.9}"); });
+  CHECK(contains(e, "x.type (<yaml>:1): muon is not supported yet; use type: adam, lion, adopt, rmsprop, cautious or mars"));
+  e = error_of([] { dec<OptimizerChoice>("{type: lion, nesterov: true}"); });
+  CHECK(contains(e, "nesterov"));
   e = error_of([] { dec<ModelChoice>("mixtral"); });
   CHECK(contains(e, "mixtral is not supported yet; use type: mistral (dense) or llama"));
   CHECK(dec<ModelChoice>("llama").type_name() == "llama");

@@ -37,8 +37,12 @@ config::validation_result validate_train_lm(const TrainLmConfig& cfg, const conf
     std::visit(
         [&](const auto& o) {
           try {
-            optim::adamw check(o, cfg.trainer.num_train_steps);
-            (void)check;
+            if constexpr (std::is_same_v<std::decay_t<decltype(o)>, AdamConfig>) {
+              optim::adamw check(o, cfg.trainer.num_train_steps);
+              (void)check;
+            } else {
+              (void)optim::make_lr_schedule(o, cfg.trainer.num_train_steps);
+            }
           } catch (const std::invalid_argument& e) {
             const std::string what = e.what();
             const auto colon = what.find(": ");

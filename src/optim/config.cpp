@@ -42,27 +42,23 @@ void check_rolling(config::validator& v, const std::string& key, int64_t length,
   check_real(v, key + ".sigma_factor", sigma, 0, 1000, true, false);
 }
 
-}  // namespace
+void check_max_grad_norm(config::validator& v, const std::optional<double>& m) {
+  if (m) check_real(v, "optimizer.max_grad_norm", *m, 0, 1e9, false, false, "or null for no clipping");
+}
 
-void validate(config::validator& v, const AdamConfig& o) {
+void check_beta(config::validator& v, const char* key, double b) { check_real(v, key, b, 0, 1, false, true); }
+
+void check_eps(config::validator& v, const char* key, double e) { check_real(v, key, e, 0, 1, true, false); }
+
+void validate_base(config::validator& v, const OptimizerConfig& o) {
   check_real(v, "optimizer.learning_rate", o.learning_rate, 0, 100);
   check_real(v, "optimizer.weight_decay", o.weight_decay, 0, 100);
-  check_real(v, "optimizer.beta1", o.beta1, 0, 1, false, true);
-  check_real(v, "optimizer.beta2", o.beta2, 0, 1, false, true);
-  check_real(v, "optimizer.epsilon", o.epsilon, 0, 1, true, false);
   check_frac_or_steps(v, "optimizer.warmup", o.warmup);
   if (o.decay) check_frac_or_steps(v, "optimizer.decay", *o.decay);
   check_frac_or_steps(v, "optimizer.rewarmup", o.rewarmup);
   check_real(v, "optimizer.min_lr_ratio", o.min_lr_ratio, 0, 1);
-  if (o.max_grad_norm)
-    check_real(v, "optimizer.max_grad_norm", *o.max_grad_norm, 0, 1e9, false, false,
-               "or null for no clipping");
   if (o.cycle_length) check_cycles(v, "optimizer.cycle_length", *o.cycle_length, true);
   if (o.cycles) check_cycles(v, "optimizer.cycles", *o.cycles, false);
-  if (o.clip_update_norm) check_rolling(v, "optimizer.clip_update_norm", o.clip_update_norm->rolling_interval_length,
-                                        o.clip_update_norm->sigma_factor);
-  if (const auto* s = std::get_if<SkipStepConfig>(&o.skip_bad_steps))
-    check_rolling(v, "optimizer.skip_bad_steps", s->rolling_interval_length, s->sigma_factor);
   if (const auto* c = o.lr_schedule.get_if<CosineLrSchedule>())
     check_real(v, "optimizer.lr_schedule.exponent", c->exponent, 0, 100, true, false);
   if (const auto* p = o.lr_schedule.get_if<PowerLrSchedule>()) {
@@ -88,6 +84,22 @@ void validate(config::validator& v, const AdamConfig& o) {
   }
   if (auto* s = o.lr_schedule.get_if<InvSqrtLrSchedule>())
     check_real(v, "optimizer.lr_schedule.timescale", s->timescale, 0, double(bounds::max_steps), true, false);
+}
+
+}  // namespace
+
+void validate(config::validator& v, const AdamConfig& o) {
+  validate_base(v, o);
+  check_real(v, "optimizer.beta1", o.beta1, 0, 1, false, true);
+  check_real(v, "optimizer.beta2", o.beta2, 0, 1, false, true);
+  check_real(v, "optimizer.epsilon", o.epsilon, 0, 1, true, false);
+  if (o.max_grad_norm)
+    check_real(v, "optimizer.max_grad_norm", *o.max_grad_norm, 0, 1e9, false, false,
+               "or null for no clipping");
+  if (o.clip_update_norm) check_rolling(v, "optimizer.clip_update_norm", o.clip_update_norm->rolling_interval_length,
+                                        o.clip_update_norm->sigma_factor);
+  if (const auto* s = std::get_if<SkipStepConfig>(&o.skip_bad_steps))
+    check_rolling(v, "optimizer.skip_bad_steps", s->rolling_interval_length, s->sigma_factor);
   if (o.update_rms_clipping && o.clip_update_norm)
     v.error("optimizer.update_rms_clipping", "update_rms_clipping cannot be combined with clip_update_norm "
                                              "(upstream rejects it); keep one of them");
@@ -97,6 +109,51 @@ void validate(config::validator& v, const AdamConfig& o) {
     check_int(v, "optimizer.skip_bad_steps", *n, 1, 1 << 20, "a history length in steps (or use true/false)");
 }
 
+void validate(config::validator& v, const LionConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  check_max_grad_norm(v, o.max_grad_norm);
+}
+
+void validate(config::validator& v, const AdoptConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  check_eps(v, "optimizer.epsilon", o.epsilon);
+  check_max_grad_norm(v, o.max_grad_norm);
+}
+
+void validate(config::validator& v, const RMSPropMomentumConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  check_eps(v, "optimizer.eps", o.eps);
+  check_max_grad_norm(v, o.max_grad_norm);
+}
+
+void validate(config::validator& v, const CautiousConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  check_eps(v, "optimizer.epsilon", o.epsilon);
+  check_max_grad_norm(v, o.max_grad_norm);
+}
+
+void validate(config::validator& v, const MarsConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  check_real(v, "optimizer.gamma", o.gamma, 0, 100);
+  check_eps(v, "optimizer.epsilon", o.epsilon);
+  check_max_grad_norm(v, o.max_grad_norm);
+}
+
 }  // namespace levanter
 
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::AdamConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::LionConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::AdoptConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::RMSPropMomentumConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::CautiousConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MarsConfig)

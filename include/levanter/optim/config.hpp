@@ -55,11 +55,9 @@ struct ClipUpdateNormConfig {
   double sigma_factor = 3.0;
 };
 
-/// `optimizer: {type: adam}` (AdamW): OptimizerConfig's schedule fields plus AdamConfig's own.
-struct AdamConfig {
-  static constexpr std::string_view type_name = "adam";
-
-  // OptimizerConfig
+/// What every `optimizer.type` shares (upstream OptimizerConfig): the learning-rate schedule and the weight decay
+/// with its mask.
+struct OptimizerConfig {
   double learning_rate = 6e-4;
   double weight_decay = 0.1;
   double min_lr_ratio = 0.1;
@@ -73,6 +71,12 @@ struct AdamConfig {
   std::optional<std::vector<int64_t>> haps;
   std::optional<config::StringOrList> weight_decay_modules;
   std::optional<bool> default_weight_decay_mask;
+};
+
+/// `optimizer: {type: adam}` (AdamW): OptimizerConfig's fields plus AdamConfig's own.
+struct AdamConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "adam";
+
   // AdamConfig
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -85,11 +89,69 @@ struct AdamConfig {
   bool adamc_weight_decay = false;
 };
 
-/// `optimizer:`; only AdamW is implemented, the other upstream optimizers are refused by name.
-using OptimizerChoice = config::Choice<AdamConfig>;
+/// `optimizer: {type: lion}` (upstream LionConfig): optax's scale_by_lion. `epsilon` is upstream's key; Lion does
+/// not use it.
+struct LionConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "lion";
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double epsilon = 1e-8;
+  std::optional<double> max_grad_norm = 1.0;
+};
 
-/// Adds every problem of `optimizer: {type: adam}` to `v` (keys under `optimizer.`).
+/// `optimizer: {type: adopt}` (upstream AdoptConfig, ADOPT: the second moment of the previous step normalises the
+/// gradient before the momentum).
+struct AdoptConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "adopt";
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double epsilon = 1e-6;
+  std::optional<double> max_grad_norm = 1.0;
+};
+
+/// `optimizer: {type: rmsprop}` (upstream RMSPropMomentumConfig): RMSProp with a bias-corrected momentum.
+struct RMSPropMomentumConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "rmsprop";
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double eps = 1e-30;
+  std::optional<double> max_grad_norm = 1.0;
+};
+
+/// `optimizer: {type: cautious}` (upstream CautiousConfig): Adam whose update is kept only where it agrees in sign
+/// with the gradient, rescaled by the agreeing fraction of each parameter. `gamma` is upstream's key; unused.
+struct CautiousConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "cautious";
+  double beta1 = 0.95;
+  double beta2 = 0.95;
+  double gamma = 0.025;
+  double epsilon = 1e-8;
+  std::optional<double> max_grad_norm = 1.0;
+  bool adamc_weight_decay = false;
+};
+
+/// `optimizer: {type: mars}` (upstream MarsConfig): Adam on a variance-reduced gradient
+/// g + gamma * beta1 / (1 - beta1) * (g - previous g), clipped by its own global norm.
+struct MarsConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "mars";
+  double beta1 = 0.95;
+  double beta2 = 0.99;
+  double gamma = 0.025;
+  double epsilon = 1e-8;
+  std::optional<double> max_grad_norm = 1.0;
+};
+
+/// `optimizer:`; the upstream optimizers not listed here are refused by name.
+using OptimizerChoice =
+    config::Choice<AdamConfig, LionConfig, AdoptConfig, RMSPropMomentumConfig, CautiousConfig, MarsConfig>;
+
+/// Adds every problem of the `optimizer:` section to `v` (keys under `optimizer.`).
 void validate(config::validator& v, const AdamConfig& o);
+void validate(config::validator& v, const LionConfig& o);
+void validate(config::validator& v, const AdoptConfig& o);
+void validate(config::validator& v, const RMSPropMomentumConfig& o);
+void validate(config::validator& v, const CautiousConfig& o);
+void validate(config::validator& v, const MarsConfig& o);
 
 }  // namespace levanter
 
@@ -140,23 +202,36 @@ struct levanter::config::schema<levanter::ClipUpdateNormConfig> {
       field("rolling_interval_length", &T::rolling_interval_length, "steps of update-norm history"),
       field("sigma_factor", &T::sigma_factor, "clip to mean + sigma_factor * std"));
 };
+namespace levanter::config {
+/// A field declared in a base class of `T` (OptimizerConfig's, in each optimizer's schema).
+template <class T, class B, class M>
+constexpr field_info<T, M> base_field(std::string_view name, M B::*member, std::string_view doc) {
+  return {name, member, doc};
+}
+/// OptimizerConfig's keys, first in every optimizer's schema.
+template <class T>
+constexpr auto optimizer_fields() {
+  return std::make_tuple(
+      base_field<T>("learning_rate", &T::learning_rate, "peak learning rate"),
+      base_field<T>("weight_decay", &T::weight_decay, "decoupled weight decay (multiplied by the learning rate)"),
+      base_field<T>("min_lr_ratio", &T::min_lr_ratio, "final learning rate as a fraction of the peak"),
+      base_field<T>("warmup", &T::warmup, "linear warmup: a fraction of the steps (< 1) or a number of steps"),
+      base_field<T>("decay", &T::decay, "decay length: fraction or steps (unset: the rest of each cycle)"),
+      base_field<T>("rewarmup", &T::rewarmup, "warmup at the start of each later cycle: fraction of the cycle or steps"),
+      base_field<T>("cooldown", &T::cooldown, "deprecated upstream: a final linear cooldown to min_lr (fraction or steps)"),
+      base_field<T>("cycle_length", &T::cycle_length, "length of each cycle: fraction or steps, or a list of cycle lengths"),
+      base_field<T>("cycles", &T::cycles, "number of cycles, or a list of cycle end steps"),
+      base_field<T>("lr_schedule", &T::lr_schedule, "decay shape: constant, cosine, linear, inv_sqrt, inv, power"),
+      base_field<T>("haps", &T::haps, "deprecated upstream: list of cycle boundaries (use cycles)"),
+      base_field<T>("weight_decay_modules", &T::weight_decay_modules, "regex (string) or substrings (list) of parameter paths to decay"),
+      base_field<T>("default_weight_decay_mask", &T::default_weight_decay_mask, "spare norms, embeddings and biases from decay (unset: when no modules given)"));
+}
+}  // namespace levanter::config
+
 template <>
 struct levanter::config::schema<levanter::AdamConfig> {
   using T = levanter::AdamConfig;
-  static constexpr auto fields = std::make_tuple(
-      field("learning_rate", &T::learning_rate, "peak learning rate"),
-      field("weight_decay", &T::weight_decay, "decoupled (AdamW) weight decay"),
-      field("min_lr_ratio", &T::min_lr_ratio, "final learning rate as a fraction of the peak"),
-      field("warmup", &T::warmup, "linear warmup: a fraction of the steps (< 1) or a number of steps"),
-      field("decay", &T::decay, "decay length: fraction or steps (unset: the rest of each cycle)"),
-      field("rewarmup", &T::rewarmup, "warmup at the start of each later cycle: fraction of the cycle or steps"),
-      field("cooldown", &T::cooldown, "deprecated upstream: a final linear cooldown to min_lr (fraction or steps)"),
-      field("cycle_length", &T::cycle_length, "length of each cycle: fraction or steps, or a list of cycle lengths"),
-      field("cycles", &T::cycles, "number of cycles, or a list of cycle end steps"),
-      field("lr_schedule", &T::lr_schedule, "decay shape: constant, cosine, linear, inv_sqrt, inv, power"),
-      field("haps", &T::haps, "deprecated upstream: list of cycle boundaries (use cycles)"),
-      field("weight_decay_modules", &T::weight_decay_modules, "regex (string) or substrings (list) of parameter paths to decay"),
-      field("default_weight_decay_mask", &T::default_weight_decay_mask, "spare norms, embeddings and biases from decay (unset: when no modules given)"),
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
       field("beta1", &T::beta1, "Adam first-moment decay"),
       field("beta2", &T::beta2, "Adam second-moment decay"),
       field("epsilon", &T::epsilon, "Adam denominator epsilon"),
@@ -165,18 +240,74 @@ struct levanter::config::schema<levanter::AdamConfig> {
       field("update_rms_clipping", &T::update_rms_clipping, "clip each parameter's update to this RMS"),
       field("clip_update_norm", &T::clip_update_norm, "clip the update norm from its rolling statistics"),
       field("skip_bad_steps", &T::skip_bad_steps, "skip updates with outlier loss or gradient norm (bool, history length, or config)"),
-      field("adamc_weight_decay", &T::adamc_weight_decay, "AdamC: scale weight decay with lr / peak lr"));
+      field("adamc_weight_decay", &T::adamc_weight_decay, "AdamC: scale weight decay with lr / peak lr")));
+};
+
+template <>
+struct levanter::config::schema<levanter::LionConfig> {
+  using T = levanter::LionConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("beta1", &T::beta1, "interpolation of gradient and momentum whose sign is the update"),
+      field("beta2", &T::beta2, "momentum decay"),
+      field("epsilon", &T::epsilon, "unused by Lion (upstream key)"),
+      field("max_grad_norm", &T::max_grad_norm, "clip gradients to this global norm (unset or 0: no clipping)")));
+};
+template <>
+struct levanter::config::schema<levanter::AdoptConfig> {
+  using T = levanter::AdoptConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("beta1", &T::beta1, "first-moment decay"),
+      field("beta2", &T::beta2, "second-moment decay"),
+      field("epsilon", &T::epsilon, "denominator epsilon"),
+      field("max_grad_norm", &T::max_grad_norm, "clip gradients to this global norm (unset or 0: no clipping)")));
+};
+template <>
+struct levanter::config::schema<levanter::RMSPropMomentumConfig> {
+  using T = levanter::RMSPropMomentumConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("beta1", &T::beta1, "momentum decay"),
+      field("beta2", &T::beta2, "mean-square decay"),
+      field("eps", &T::eps, "denominator epsilon"),
+      field("max_grad_norm", &T::max_grad_norm, "clip gradients to this global norm (unset: no clipping)")));
+};
+template <>
+struct levanter::config::schema<levanter::CautiousConfig> {
+  using T = levanter::CautiousConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("beta1", &T::beta1, "first-moment decay"),
+      field("beta2", &T::beta2, "second-moment decay"),
+      field("gamma", &T::gamma, "unused by Cautious (upstream key)"),
+      field("epsilon", &T::epsilon, "denominator epsilon (also added to the agreeing fraction)"),
+      field("max_grad_norm", &T::max_grad_norm, "clip gradients to this global norm (unset or 0: no clipping)"),
+      field("adamc_weight_decay", &T::adamc_weight_decay, "AdamC: scale weight decay with lr / peak lr")));
+};
+template <>
+struct levanter::config::schema<levanter::MarsConfig> {
+  using T = levanter::MarsConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("beta1", &T::beta1, "first-moment decay"),
+      field("beta2", &T::beta2, "second-moment decay"),
+      field("gamma", &T::gamma, "weight of the gradient's change in the variance-reduced gradient"),
+      field("epsilon", &T::epsilon, "denominator epsilon"),
+      field("max_grad_norm", &T::max_grad_norm, "clip the variance-reduced gradient to this global norm (unset or 0: no clipping)")));
 };
 
 template <>
 struct levanter::config::unsupported_choices<levanter::OptimizerChoice> {
   static constexpr auto names = std::to_array<unsupported_choice>({
-      {"lion", "use type: adam"},     {"sophia-h", "use type: adam"}, {"muon", "use type: adam"},
-      {"scion", "use type: adam"},    {"mars", "use type: adam"},     {"mini", "use type: adam"},
-      {"adopt", "use type: adam"},    {"cautious", "use type: adam"}, {"rmsprop", "use type: adam"},
-      {"soap", "use type: adam"},     {"kron", "use type: adam"},
+      {"sophia-h", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
+      {"muon", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
+      {"scion", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
+      {"mini", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
+      {"soap", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
+      {"kron", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
   });
 };
 
 // The YAML machinery of this section is compiled once, in src/optim/config.cpp.
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::AdamConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::LionConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::AdoptConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::RMSPropMomentumConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::CautiousConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::MarsConfig)

@@ -129,7 +129,7 @@ inline int64_t whole(double v, const std::string& key) {
 }
 
 /// Upstream `_get_cycle_minima`: 0, the cycle boundaries, and the last step.
-inline std::vector<int64_t> cycle_minima(const AdamConfig& c, int64_t total) {
+inline std::vector<int64_t> cycle_minima(const OptimizerConfig& c, int64_t total) {
   std::vector<int64_t> pts;
   if (c.cycle_length) {
     if (c.cycles) fail("cycle_length", "can't use both cycle_length and cycles");
@@ -160,7 +160,7 @@ inline std::vector<int64_t> cycle_minima(const AdamConfig& c, int64_t total) {
 }
 
 /// The decay shape of one cycle (upstream `LrSchedule.build(LrScheduleContext)`).
-inline lr_schedule::piece decay_shape(const AdamConfig& c, double lr, double min_lr, int64_t warmup_steps,
+inline lr_schedule::piece decay_shape(const OptimizerConfig& c, double lr, double min_lr, int64_t warmup_steps,
                                       int64_t decay_steps) {
   return std::visit(
       [&](const auto& s) -> lr_schedule::piece {
@@ -182,7 +182,7 @@ inline lr_schedule::piece decay_shape(const AdamConfig& c, double lr, double min
 /// and the deprecated `cooldown` tail. Throws std::invalid_argument (naming the key) where upstream raises.
 ///
 ///   auto lr = make_lr_schedule(cfg, 1000);   // lr(0) == 0 with warmup; lr(999) near min_lr_ratio * peak
-inline lr_schedule make_lr_schedule(const AdamConfig& cfg, int64_t num_train_steps) {
+inline lr_schedule make_lr_schedule(const OptimizerConfig& cfg, int64_t num_train_steps) {
   namespace d = detail::schedule;
   if (num_train_steps <= 0) d::fail("lr_schedule", "num_train_steps must be positive");
   const int64_t cooldown_steps = cfg.cooldown ? d::frac_or_steps(*cfg.cooldown, num_train_steps, "cooldown") : 0;

@@ -107,7 +107,7 @@ void for_each_leaf_info(M& module, F&& f) {
 /// path overriding the earlier; with no verdict, decay iff the default mask is in use.
 class weight_decay_rule {
  public:
-  explicit weight_decay_rule(const AdamConfig& cfg) {
+  explicit weight_decay_rule(const OptimizerConfig& cfg) {
     const auto& mods = cfg.weight_decay_modules;
     has_modules_ = mods.has_value();
     use_default_ = cfg.default_weight_decay_mask.value_or(!has_modules_);
@@ -159,7 +159,7 @@ class weight_decay_rule {
 
 /// One flag per leaf (haliax::tree order): whether AdamW decays it; nullopt when upstream builds no mask.
 template <class M>
-std::optional<std::vector<bool>> weight_decay_mask(const AdamConfig& cfg, const M& model) {
+std::optional<std::vector<bool>> weight_decay_mask(const OptimizerConfig& cfg, const M& model) {
   weight_decay_rule rule(cfg);
   if (rule.is_unmasked()) return std::nullopt;
   std::vector<bool> mask;
@@ -169,7 +169,7 @@ std::optional<std::vector<bool>> weight_decay_mask(const AdamConfig& cfg, const 
 
 /// The root paths of the decayed leaves, sorted (upstream logs them as the `decayed_weights` hyperparameter).
 template <class M>
-std::vector<std::string> decayed_paths(const AdamConfig& cfg, const M& model) {
+std::vector<std::string> decayed_paths(const OptimizerConfig& cfg, const M& model) {
   weight_decay_rule rule(cfg);
   std::vector<std::string> out;
   for_each_leaf_info(model, [&](const leaf_info& info, const auto&) {

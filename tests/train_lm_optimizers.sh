@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The optimizers written as rules (lion, adopt, rmsprop, cautious, mars; levanter/optim/rules.hpp) through the real
+# program: each trains GPT-2 (the embedded default) with falling loss and resumes from a checkpoint to byte-identical
+# losses and final state; Lion trains a nano Llama; Cautious trains on 2 ranks under ZeRO-1, FSDP and tensor
+# parallelism to the losses of one process.
+# Usage: train_lm_optimizers.sh TRAIN_LM REPO_VIEW WORK_DIR [MPIEXEC]
+set -euo pipefail
+train_lm=$(realpath "$1")
+repo=$(realpath "$2")
+work=$3
+mpiexec=${4:-}
+source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
+fresh_work_dir "$work"
+work=$(pwd)
+types=(lion adopt rmsprop cautious mars)
+
+common=(--trainer.num_train_steps 12 --trainer.steps_per_eval 1000 --trainer.log_dir "$work/logs"
+        --trainer.checkpointer.base_path "$work/ckpt" --trainer.checkpointer.keep '[{every: 6}]')
+run() { timeout 300 "$train_lm" "${common[@]}" "$@"; }
+
+# train/loss per step, the last record of each step (a resumed run logs the steps after its checkpoint again).
+losses() {
+  grep '"event":"log"' "logs/$1/metrics.jsonl" | grep '"train/loss"' |
+    sed -E 's/.*"step":([0-9]+).*"train\/loss":([^,}]*).*/\1 \2/' |
+    awk '{ last[$1] = $2 } END { for (s in last) print s, last[s] }' | sort -n
+}
+# The run's first and final loss from its summary; the final must be below the first.
+falls() {
+  local first final
+  first=$(sed -nE 's/.*"first_loss": ([^,]*),.*/\1/p' "logs/$1/summary.json")
+  final=$(sed -nE 's/.*"final_loss": ([^,]*),.*/\1/p' "logs/$1/summary.json")
+  awk -v a="$first" -v b="$final" 'BEGIN { exit !(b < a) }' || fail "$1: the loss did not fall ($first -> $final)"
+  echo "OK: $1 loss $first -> $final"
+}
+
+for t in "${types[@]}"; do
+  run --optimizer.type "$t" --trainer.id "g-$t" > "g-$t.out" 2>&1 || { cat "g-$t.out"; fail "$t on GPT-2 failed"; }
+  grep -q "optimizer.type.*$t\|type: $t" "logs/g-$t/config.yaml" 2> /dev/null || grep -rq "type: $t" "logs/g-$t" ||
+    fail "$t: the run's config does not record the optimizer"
+  falls "g-$t"
+  # Resume: without its final checkpoint, the same command resumes from step-6 and must end where it ended.
+  losses "g-$t" > "g-$t.losses"
+  mv "ckpt/g-$t/step-12" "g-$t.step-12"
+  run --optimizer.type "$t" --trainer.id "g-$t" > "g-$t.resumed.out" 2>&1 || { cat "g-$t.resumed.out"; fail "$t: resume failed"; }
+  grep -q "resumed from .*step-6" "g-$t.resumed.out" || { cat "g-$t.resumed.out"; fail "$t: did not resume from step-6"; }
+  losses "g-$t" > "g-$t.resumed.losses"
+  cmp "g-$t.losses" "g-$t.resumed.losses" || { paste "g-$t.losses" "g-$t.resumed.losses"; fail "$t: resumed losses differ"; }
+  for f in model.h5 opt_state.h5 training_state.h5; do
+    cmp "g-$t.step-12/$f" "ckpt/g-$t/step-12/$f" || fail "$t: step-12/$f differs after resuming"
+  done
+  echo "OK: $t resumed from step-6 to byte-identical losses and step-12 state"
+done
+
+# A nano Llama (config/llama2_nano.yaml, from the repository root as a user runs it).
+for t in lion; do
+  (cd "$repo" && timeout 300 "$train_lm" config/llama2_nano.yaml "${common[@]}" --optimizer.type "$t" --optimizer.learning_rate 1e-3 \
+                     --trainer.num_train_steps 8 --trainer.id "l-$t") > "l-$t.out" 2>&1 ||
+    { cat "l-$t.out"; fail "$t on Llama failed"; }
+  falls "l-$t"
+done
+
+# Two ranks: ZeRO-1, FSDP and tensor parallelism against one process (float tolerance: the batch's micro-batches
+# are summed in another grouping, as for AdamW in mpi_train_lm.sh; the updates themselves are bitwise those of
+# one process for the same gradient, tests/test_distributed.cpp).
+if [ -n "$mpiexec" ]; then
+  mpi=("$mpiexec" --oversubscribe)
+  [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+  export HALIAX_NUM_THREADS=1
+  par=(--trainer.num_train_steps 8 --trainer.train_batch_size 32 --trainer.per_device_parallelism 8)
+  close() {  # close RUN_A RUN_B REL
+    losses "$1" > "$1.losses"
+    losses "$2" > "$2.losses"
+    paste "$1.losses" "$2.losses" | awk -v rel="$3" '
+      { d = $2 - $4; if (d < 0) d = -d; if (d > rel * ($2 < 0 ? -$2 : $2)) { print "step " $1 ": " $2 " vs " $4; bad = 1 } ; n++ }
+      END { exit (bad || n != 8) }' || fail "$2's losses are not within $3 of $1's"
+    echo "OK: $2 within $3 of $1"
+  }
+  for t in cautious; do  # its per-leaf sums run over the model group under TP (every rule: tests/test_distributed.cpp)
+    run --optimizer.type "$t" "${par[@]}" --trainer.id "ref-$t" > "ref-$t.out" 2>&1 || { cat "ref-$t.out"; fail "$t: reference failed"; }
+    timeout 300 "${mpi[@]}" -n 2 "$train_lm" "${common[@]}" --optimizer.type "$t" "${par[@]}" --trainer.id "zero-$t" \
+      --trainer.shard_parameters false > "zero-$t.out" 2>&1 || { cat "zero-$t.out"; fail "$t: ZeRO-1 on 2 ranks failed"; }
+    close "ref-$t" "zero-$t" 1e-5
+    timeout 300 "${mpi[@]}" -n 2 "$train_lm" "${common[@]}" --optimizer.type "$t" "${par[@]}" --trainer.id "fsdp-$t" \
+      > "fsdp-$t.out" 2>&1 || { cat "fsdp-$t.out"; fail "$t: FSDP on 2 ranks failed"; }
+    grep -q "FSDP" "fsdp-$t.out" || { cat "fsdp-$t.out"; fail "$t: the 2-rank run was not FSDP"; }
+    close "ref-$t" "fsdp-$t" 1e-5
+    timeout 300 "${mpi[@]}" -n 2 "$train_lm" "${common[@]}" --optimizer.type "$t" "${par[@]}" --trainer.id "tp-$t" \
+      --trainer.model_axis_size 2 --trainer.tensor_parallel_axes '[mlp, heads]' > "tp-$t.out" 2>&1 ||
+      { cat "tp-$t.out"; fail "$t: tensor parallel on 2 ranks failed"; }
+    close "ref-$t" "tp-$t" 1e-5
+  done
+fi
+echo "OK: every rule optimizer trains, resumes bitwise and matches one process on 2 ranks"
