@@ -6,7 +6,8 @@
 #   CRASH_DIR  where crashing, leaking, too-slow or too-hungry inputs go (default: WORK_DIR/findings)
 #   WORK_DIR   objects, binary and the growing corpus (default: ${TMPDIR:-/tmp}/fuzz-NAME); reuse it to resume
 # Environment: CXX (default clang++), FUZZ_FLAGS (extra libFuzzer flags, e.g. -jobs=2), FUZZ_JOBS (parallel
-# compiles, default 2).
+# compiles, default 2), FUZZ_OBJ_DIR (where the project sources' objects go, shared between targets; default
+# WORK_DIR/obj).
 #
 # A harness says what it needs in its leading // comment lines (paths relative to the repository root):
 #   // fuzz-sources: src/a.cpp src/b.cpp     the project sources compiled (instrumented) into the fuzzer
@@ -43,25 +44,36 @@ cxxflags="-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-re
 # Sources other than the harness get no libFuzzer main, only its coverage instrumentation.
 libflags=${cxxflags/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}
 
+# The project's sources compile the same for every target: with FUZZ_OBJ_DIR (the build gives every target one),
+# their objects are shared, so a source two harnesses name is compiled once. Each object is written under a temporary
+# name and renamed, so a target reading it never sees half of one.
+shared=${FUZZ_OBJ_DIR:-$work/obj}
+mkdir -p "$shared"
+shared=$(cd "$shared" && pwd)
 # A small Makefile, so that objects are rebuilt only when needed (-MMD lists each object's headers).
 objs=() rules=""
 for src in fuzz/fuzz_$name.cpp $sources; do
-  case $src in fuzz/*) path=$root/tests/$src f=$cxxflags ;; *) path=$root/$src f=$libflags ;; esac
+  case $src in
+    fuzz/*) path=$root/tests/$src f=$cxxflags dir=$work/obj stamp=$work/flags ;;
+    *) path=$root/$src f=$libflags dir=$shared stamp=$shared/flags ;;
+  esac
   [ -f "$path" ] || { echo "fuzz: $harness names missing source $src" >&2; exit 2; }
-  obj=$work/obj/$(echo "$src" | tr '/' '_').o
+  obj=$dir/$(echo "$src" | tr '/' '_').o
   objs+=("$obj")
-  rules+="$obj: $path $work/flags
-	$cxx $f -MMD -c $path -o $obj
+  rules+="$obj: $path $stamp
+	$cxx $f -MMD -MF $obj.d.\$\$\$\$ -MT $obj -c $path -o $obj.\$\$\$\$ && mv -f $obj.d.\$\$\$\$ $obj.d && mv -f $obj.\$\$\$\$ $obj
 "
 done
 bin=$work/fuzz_$name
-printf '%s\n' "$cxx $cxxflags $libs" > "$work/flags.new"
-cmp -s "$work/flags.new" "$work/flags" 2>/dev/null || mv "$work/flags.new" "$work/flags"
+# Flags stamps, rewritten only when they change (objects depend on them).
+stamp_if_changed() { printf '%s\n' "$2" > "$1.new.$$"; cmp -s "$1.new.$$" "$1" 2>/dev/null && rm -f "$1.new.$$" || mv -f "$1.new.$$" "$1"; }
+stamp_if_changed "$work/flags" "$cxx $cxxflags $libs"
+stamp_if_changed "$shared/flags" "$cxx $libflags"
 cat > "$work/Makefile" <<EOF
 $bin: ${objs[*]}
 	$cxx $cxxflags ${objs[*]} $libs -o $bin
 $rules
--include $work/obj/*.d
+-include $work/obj/*.d $shared/*.d
 EOF
 make -s -j "${FUZZ_JOBS:-2}" -f "$work/Makefile" "$bin"
 if [ "$secs" -eq 0 ]; then

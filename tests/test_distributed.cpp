@@ -279,7 +279,7 @@ TEST_CASE("ZeRO-1 AdamW equals the unsharded update bit for bit, with every clip
   }
 }
 
-TEST_CASE("ZeRO-1 and FSDP: every rule optimizer equals its unsharded update bit for bit") {
+TEST_CASE("ZeRO-1 and FSDP: every rule optimizer and its model average equal the unsharded ones bit for bit") {
   auto& w = world();
   for (const char* type : {"lion", "adopt", "rmsprop", "cautious", "mars"}) {
     CAPTURE(type);
@@ -291,6 +291,11 @@ TEST_CASE("ZeRO-1 and FSDP: every rule optimizer equals its unsharded update bit
     auto full = opt::make_optimizer(choice, 20, p_full);
     auto sharded = opt::make_optimizer(choice, 20, p_shard, &w, true);
     auto ranged = opt::make_optimizer(choice, 20, p_ranged_init, &w, true);
+    opt::model_averaging avg;  // trainer.model_averaging: the average is placed like the state
+    avg.beta = 0.75;
+    full->set_model_averaging(avg, p_full);
+    sharded->set_model_averaging(avg, p_shard);
+    ranged->set_model_averaging(avg, p_ranged_init);
     CHECK((sharded->shard_bounds() != nullptr) == (w.size() > 1));
     std::vector<float> p_range;
     std::int64_t r_lo = 0, r_hi = 0;
@@ -323,6 +328,12 @@ TEST_CASE("ZeRO-1 and FSDP: every rule optimizer equals its unsharded update bit
     sharded->for_each_state_tree([&](const std::string&, const model& t) { ss.push_back(flat_of(t)); }, p_shard);
     REQUIRE(fs.size() == ss.size());
     for (std::size_t i = 0; i < fs.size(); ++i) CHECK(std::memcmp(fs[i].data(), ss[i].data(), fs[i].size() * 4) == 0);
+    const auto fa = flat_of(full->averaged_model(p_full)), sa = flat_of(sharded->averaged_model(p_shard));
+    CHECK(std::memcmp(fa.data(), sa.data(), fa.size() * 4) == 0);
+    if (w.size() > 1) {
+      const auto ra = flat_of(ranged->averaged_model(p_full));  // the shapes of the whole model
+      CHECK(std::memcmp(fa.data(), ra.data(), fa.size() * 4) == 0);
+    }
   }
 }
 

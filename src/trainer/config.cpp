@@ -99,9 +99,15 @@ void validate(config::validator& v, const TrainerConfig& t) {
   if (t.quantization.set)
     v.refuse("trainer.quantization", "quantized (fp8/int8) training is not supported", "remove trainer.quantization",
              t.quantization.where);
-  if (t.model_averaging.set)
-    v.refuse("trainer.model_averaging", "model averaging (EMA) is not supported yet", "remove trainer.model_averaging",
-             t.model_averaging.where);
+  if (t.model_averaging) {
+    if (const auto* e = t.model_averaging->get_if<EmaModelAveragingConfig>())
+      config::check_real(v, "trainer.model_averaging.beta", e->beta, 0, 1, false, true);
+    if (const auto* e = t.model_averaging->get_if<EmaDecaySqrtConfig>()) {
+      config::check_real(v, "trainer.model_averaging.beta", e->beta, 0, 1, false, true);
+      config::check_int(v, "trainer.model_averaging.switch_step", e->switch_step, 0, config::bounds::max_steps);
+      config::check_int(v, "trainer.model_averaging.decay_steps", e->decay_steps, 1, config::bounds::max_steps);
+    }
+  }
   for (std::size_t i = 0; i < t.watch.watch_targets.items.size(); ++i) {
     const auto& w = t.watch.watch_targets.items[i];
     if (w != "grads" && w != "params" && w != "updates" && w != "opt_state")

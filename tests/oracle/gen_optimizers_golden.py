@@ -46,16 +46,13 @@ import zlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import equinox as eqx  # noqa: E402
 import haliax as hax  # noqa: E402
-import haliax.nn as hnn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import levanter.optim as lo  # noqa: E402
-from levanter.utils.jax_utils import leaf_key_paths  # noqa: E402
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -75,11 +72,6 @@ if JAX_TREE_MAP_SHIM:
 EAGER = {"KronConfig"}
 MESH = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
 
-Vocab = hax.Axis("vocab", 5)
-Embed = hax.Axis("embed", 4)
-Hidden = hax.Axis("hidden", 3)
-Out = hax.Axis("out", 3)
-Layers = hax.Axis("layers", 2)
 STEPS = 8
 ONLY = set(sys.argv[1:])  # optional case names: write only those, into the temp directory (for debugging)
 NUM_TRAIN_STEPS = 8
@@ -87,37 +79,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 
-class Block(eqx.Module):
-    attn: hnn.Linear
-    ln: hnn.LayerNorm
-
-    @staticmethod
-    def init(*, key):
-        return Block(hnn.Linear.init(Embed, Hidden, key=key, use_bias=True, out_first=False), hnn.LayerNorm.init(Embed))
-
-
-class Toy(eqx.Module):
-    embeddings: hnn.Embedding
-    blocks: hnn.Stacked
-    head: hnn.Linear
-
-
-def make_model():
-    """The toy of gen_adam_golden.py with its parameters replaced by seeded normals (seed 1234, leaf order)."""
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-    model = Toy(
-        hnn.Embedding.init(Vocab, Embed, key=k1),
-        hnn.Stacked.init(Layers, Block)(key=jax.random.split(k2, Layers.size)),
-        hnn.Linear.init(Embed, Out, key=k3, use_bias=True, out_first=False),
-    )
-    rng = np.random.RandomState(1234)
-    leaves, treedef = jax.tree_util.tree_flatten(model)
-    leaves = [jnp.asarray(rng.normal(size=x.shape).astype(np.float32)) for x in leaves]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-def names_of(model):
-    return jax.tree_util.tree_leaves(leaf_key_paths(model, is_leaf=lambda x: isinstance(x, hax.NamedArray)))
+# The toy, its seeded parameters and its leaf names are gen_adam_golden.py's (same directory).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_adam_golden import make_model, names_of  # noqa: E402
 
 
 # (case name, config class name, fields). `*_wd_clip` cases: weight decay on (default mask) and a max_grad_norm that

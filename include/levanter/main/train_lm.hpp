@@ -173,6 +173,19 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
       run.tracker().log(r.metrics, info.step);
       run.say("eval step " + std::to_string(info.step) + "  " + r.line);
       eval_loss = r.loss;
+      // With trainer.model_averaging, the average too, under eval/ema/ (upstream's eval_current and eval_ema).
+      if (info.eval_model && info.eval_model != info.model) {
+        const auto a = eval::evaluate_tagged(data.validation_sets(), eo, tok, [&](const lm_example& ex) {
+          return compute_next_token_loss(*info.eval_model, mc, ex).item();
+        });
+        json renamed = json::object();
+        for (const auto& el : a.metrics.items()) {
+          const std::string k = el.key();
+          renamed[k.rfind("eval/", 0) == 0 ? "eval/ema/" + k.substr(5) : k] = el.value();
+        }
+        run.tracker().log(renamed, info.step);
+        run.say("eval step " + std::to_string(info.step) + "  (average) " + a.line);
+      }
     });
   }
 
@@ -186,7 +199,7 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
       trainer.add_hook(cfg.hf_save_steps, [&, base, dtype, ids](const step_info<M>& info) {
         if (info.step == 0) return;
         const auto dir = base / ("step-" + std::to_string(info.step));
-        hf::save(*info.model, mc, vocab, dir.string(), ids, dtype);
+        hf::save(info.eval_model ? *info.eval_model : *info.model, mc, vocab, dir.string(), ids, dtype);
         log("exported a Hugging Face checkpoint to " + dir.string());
       });
     } else {

@@ -39,12 +39,18 @@ class adamw_optimizer final : public placed_optimizer<M> {
 
   std::string_view type_name() const override { return AdamConfig::type_name; }
   update_stats update(M& params, const M& grads, double loss) override {
-    return opt_.update(params, grads, state_, loss, this->sh(), this->ts());
+    this->average_begin(&params, nullptr);
+    const auto stats = opt_.update(params, grads, state_, loss, this->sh(), this->ts());
+    this->average_end(&params, nullptr);
+    return stats;
   }
   double next_learning_rate() const override { return opt_.schedule()(state_.count); }
   update_stats update_range(float* params, const float* grads, double loss) override {
     if (!this->shard_) return optimizer<M>::update_range(params, grads, loss);
-    return opt_.update_range(this->shapes_, params, grads, state_, loss, *this->shard_, this->ts());
+    this->average_begin(nullptr, params);
+    const auto stats = opt_.update_range(this->shapes_, params, grads, state_, loss, *this->shard_, this->ts());
+    this->average_end(nullptr, params);
+    return stats;
   }
 
   const adamw& rule() const { return opt_; }

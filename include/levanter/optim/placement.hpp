@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,6 +29,14 @@ struct tensor_parallel_codec {
   std::function<M(const M& local)> to_global;  ///< collective over `group`
   std::function<M(const M& global)> to_local;
   std::function<M(const M& global)> local_zeros;
+};
+
+/// trainer.model_averaging as the optimizer keeps it (upstream optim/model_averaging.py): after every update,
+/// average <- a * params + b * average, the average starting from the parameters before the first update.
+struct model_averaging {
+  enum class kind { ema, ema_decay_sqrt } type = kind::ema;
+  double beta = 0.999;
+  std::int64_t switch_step = 100000, decay_steps = 100000;
 };
 
 /// An optimizer with its state, for parameter trees of type `M`.
@@ -65,6 +74,17 @@ class optimizer {
   /// group). Throws std::invalid_argument naming a setting that cannot work split.
   virtual void set_tensor_parallel(tensor_parallel_codec<M>) {
     throw std::logic_error("optimizer '" + std::string(type_name()) + "' does not support tensor parallelism");
+  }
+  /// Keeps an average of the parameters, placed like the state (`params`: as `update` will see them); checkpoints
+  /// hold it as `model_averaging.model.<path>`. Call before the first update (and before set_tensor_parallel's
+  /// codec is needed: after it).
+  virtual void set_model_averaging(const model_averaging&, const M& /*params*/) {
+    throw std::logic_error("optimizer '" + std::string(type_name()) + "' cannot keep a model average");
+  }
+  virtual bool averages() const { return false; }
+  /// The average as a whole tree shaped like `params` (the whole model); collective like for_each_state_tree.
+  virtual M averaged_model(const M& params) const {
+    throw std::logic_error("optimizer '" + std::string(type_name()) + "' keeps no model average");
   }
 };
 
@@ -115,7 +135,7 @@ class placed_optimizer : public optimizer<M> {
     tp_ = std::move(c);
   }
   void save_state(checkpoint::snapshot& s, const M& params) const override {
-    auto bufs = const_cast<placed_optimizer*>(this)->buffers();
+    auto bufs = const_cast<placed_optimizer*>(this)->saved_buffers();
     if (tp_) {
       // every rank of the job takes part; the trees are whole
       for (auto& b : bufs) s.add_tree(b.name, global_state(*b.flat, *b.tree, params));
@@ -128,11 +148,15 @@ class placed_optimizer : public optimizer<M> {
       for (auto& b : bufs) s.add_tree(b.name, *b.tree);
     }
     save_scalars(s);
+    if (avg_) {
+      s.add_scalar("model_averaging.tot_weight", avg_tot_);
+      s.add_scalar("model_averaging.steps", avg_steps_);
+    }
   }
   std::vector<std::string> load_state(const checkpoint::reader& r, bool allow_partial, const M& params) override {
     std::vector<std::string> missing;
     auto add = [&](const std::vector<std::string>& m) { missing.insert(missing.end(), m.begin(), m.end()); };
-    for (auto& b : buffers()) {
+    for (auto& b : saved_buffers()) {
       if (!tp_ && !shard_) {
         add(r.read_tree(b.name, *b.tree, allow_partial));
         continue;
@@ -148,7 +172,28 @@ class placed_optimizer : public optimizer<M> {
         *b.tree = std::move(mine);
     }
     load_scalars(r);
+    if (avg_) {
+      avg_tot_ = r.scalar<double>("model_averaging.tot_weight");
+      avg_steps_ = r.scalar<std::int64_t>("model_averaging.steps");
+      avg_ready_ = true;
+    }
     return missing;
+  }
+  void set_model_averaging(const model_averaging& m, const M& params) override {
+    if (!haliax::detail::host_memory)
+      throw std::invalid_argument("trainer.model_averaging: the average is kept on the host, and this build keeps the "
+                                  "parameters in device memory; remove trainer.model_averaging");
+    avg_ = m;
+    allocate(params, avg_tree_, avg_flat_, "levanter::optim::model_average");
+  }
+  bool averages() const override { return avg_.has_value(); }
+  M averaged_model(const M& params) const override {
+    if (!avg_) return optimizer<M>::averaged_model(params);
+    if (!avg_ready_)  // no update yet: the average is the model
+      return haliax::tree::map(params, [](const std::string&, const auto& x) { return x * 1.0f; });
+    if (tp_) return global_state(avg_flat_, avg_tree_, params);
+    if (shard_) return *gather(avg_flat_, params, true);
+    return haliax::tree::map(avg_tree_, [](const std::string&, const auto& x) { return x * 1.0f; });
   }
   void for_each_state_tree(const std::function<void(const std::string&, const M&)>& f,
                            const M& params) const override {
@@ -179,6 +224,38 @@ class placed_optimizer : public optimizer<M> {
   virtual void check_tensor_parallel() const {}
 
   const optim::shard* sh() const { return shard_ ? &*shard_ : nullptr; }
+
+  /// Model averaging, for update() (whole parameters, `tree`) and update_range() (this rank's range, `flat`): before
+  /// an update, the first time, the average becomes the parameters; after it, the average takes its step.
+  void average_begin(const M* tree, const float* flat) {
+    if (!avg_ || avg_ready_) return;
+    for_my_elements(tree, flat, [](float* a, const float* p, std::int64_t n) { std::copy(p, p + n, a); });
+    avg_ready_ = true;
+  }
+  void average_end(const M* tree, const float* flat) {
+    if (!avg_) return;
+    float a, b;
+    if (avg_->type == model_averaging::kind::ema) {
+      // optax.incremental_update(new, old, 1 - beta): (1 - beta) * new + (1 - (1 - beta)) * old
+      a = static_cast<float>(1.0 - avg_->beta);
+      b = static_cast<float>(1.0 - (1.0 - avg_->beta));
+    } else {
+      const double step = static_cast<double>(avg_steps_);
+      const double w = step < static_cast<double>(avg_->switch_step)
+                           ? 1.0 - avg_->beta
+                           : 1.0 - std::sqrt(std::clamp((step - static_cast<double>(avg_->switch_step)) /
+                                                            static_cast<double>(avg_->decay_steps),
+                                                        0.0, 1.0));
+      avg_tot_ += w;
+      const double alpha = avg_tot_ == 0 ? 0.0 : w / avg_tot_;
+      a = static_cast<float>(alpha);
+      b = static_cast<float>(1.0 - alpha);
+    }
+    ++avg_steps_;
+    for_my_elements(tree, flat, [a, b](float* avg, const float* p, std::int64_t n) {
+      for (std::int64_t i = 0; i < n; ++i) avg[i] = a * p[i] + b * avg[i];
+    });
+  }
   const optim::tensor_split* ts() const { return tp_ ? &split_ : nullptr; }
   /// A fresh buffer for this placement: a tree of zeros shaped like `params`, or this rank's range (zeroed).
   void allocate(const M& params, M& tree, distributed::device_copy::flat& flat, const char* label) const {
@@ -195,6 +272,42 @@ class placed_optimizer : public optimizer<M> {
   optim::tensor_split split_;
 
  private:
+  // The saved buffers: the optimizer's, then the model average.
+  std::vector<state_buffer<M>> saved_buffers() {
+    auto b = buffers();
+    if (avg_) b.push_back({"model_averaging.model", &avg_tree_, &avg_flat_});
+    return b;
+  }
+  // f(average, params, n) over the elements this rank keeps of the average: every leaf (replicated), or this rank's
+  // range, read from the whole `tree` (ZeRO-1) or the range `flat` (FSDP).
+  template <class F>
+  void for_my_elements(const M* tree, const float* flat, F&& f) {
+    if (!shard_) {
+      haliax::tree::zip_leaves(avg_tree_, const_cast<M&>(*tree), [&](const std::string&, auto& a, const auto& p) {
+        f(a.data(), p.data(), a.element_count());
+      });
+      return;
+    }
+    const std::int64_t lo = shard_->lo(), hi = shard_->hi();
+    if (flat) {
+      f(avg_flat_.data(), flat, hi - lo);
+      return;
+    }
+    std::int64_t off = 0;
+    haliax::tree::for_each_leaf(*tree, [&](const std::string&, const auto& leaf) {
+      const std::int64_t n = leaf.element_count(), b = std::max(lo, off), e = std::min(hi, off + n);
+      if (b < e) f(avg_flat_.data() + (b - lo), leaf.data() + (b - off), e - b);
+      off += n;
+    });
+  }
+
+  std::optional<model_averaging> avg_;
+  M avg_tree_;
+  distributed::device_copy::flat avg_flat_;
+  double avg_tot_ = 0;
+  std::int64_t avg_steps_ = 0;
+  bool avg_ready_ = false;
+
   // Tensor parallelism: a buffer as a whole tree (collective over the data ranks when sharded, then the group).
   M global_state(const distributed::device_copy::flat& flat, const M& tree, const M& params) const {
     if (!shard_) return tp_->to_global(tree);

@@ -114,14 +114,19 @@ class rule_optimizer final : public placed_optimizer<M> {
     if (g.size() != leaves.size())
       throw haliax::shape_error("levanter::optim::" + std::string(rule_.type) + ": the gradient has fewer leaves");
     for (std::size_t i = 0; i < leaves.size(); ++i) leaves[i].g = g[i];
+    this->average_begin(&params, nullptr);
     const auto stats = run(leaves, nullptr, nullptr, loss);
     if (this->shard_) layout::gather_params(leaves, *this->shard_);
+    this->average_end(&params, nullptr);
     return stats;
   }
   update_stats update_range(float* params, const float* grads, double loss) override {
     if (!this->shard_) return optimizer<M>::update_range(params, grads, loss);
     auto leaves = this->shapes_;
-    return run(leaves, params, grads, loss);
+    this->average_begin(nullptr, params);
+    const auto stats = run(leaves, params, grads, loss);
+    this->average_end(nullptr, params);
+    return stats;
   }
 
  private:

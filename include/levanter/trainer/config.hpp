@@ -38,12 +38,28 @@ struct WatchConfig {
   int64_t interval = 10;
   bool enabled() const { return !watch_targets.items.empty() && interval > 0 && (include_norms || include_histograms); }
 };
+// ---- trainer.model_averaging (upstream optim/model_averaging.py) -------------------------------------------------
+/// `{type: ema, beta: 0.999}`: average <- (1 - beta) * model + beta * average after every update.
+struct EmaModelAveragingConfig {
+  static constexpr std::string_view type_name = "ema";
+  double beta = 0.999;
+};
+/// `{type: ema_decay_sqrt}`: weight w = 1 - beta before switch_step, then 1 - sqrt((step - switch_step) /
+/// decay_steps) (clipped to [0, 1]); average <- a * model + (1 - a) * average with a = w / (sum of the weights so far).
+struct EmaDecaySqrtConfig {
+  static constexpr std::string_view type_name = "ema_decay_sqrt";
+  double beta = 0.999;
+  int64_t switch_step = 100000;
+  int64_t decay_steps = 100000;
+};
+using ModelAveragingChoice = config::Choice<EmaModelAveragingConfig, EmaDecaySqrtConfig>;
+
 // ---- trainer -------------------------------------------------------------------------------------------------
 struct TrainerConfig {
   int64_t seed = 0;
   config::MpPolicy mp;
   config::Opaque quantization;
-  config::Opaque model_averaging;
+  std::optional<ModelAveragingChoice> model_averaging;
   std::optional<std::string> id;
   std::string log_dir = "logs/";
   config::OneOrMany<TrackerChoice> tracker;
@@ -112,13 +128,26 @@ struct levanter::config::schema<levanter::WatchConfig> {
       field("interval", &T::interval, "every this many steps (0: off)"));
 };
 template <>
+struct levanter::config::schema<levanter::EmaModelAveragingConfig> {
+  using T = levanter::EmaModelAveragingConfig;
+  static constexpr auto fields = std::make_tuple(field("beta", &T::beta, "weight of the average kept at each update"));
+};
+template <>
+struct levanter::config::schema<levanter::EmaDecaySqrtConfig> {
+  using T = levanter::EmaDecaySqrtConfig;
+  static constexpr auto fields = std::make_tuple(
+      field("beta", &T::beta, "1 - beta weighs each update before switch_step"),
+      field("switch_step", &T::switch_step, "step from which the weights decay as 1 - sqrt(progress)"),
+      field("decay_steps", &T::decay_steps, "steps over which the weights decay to zero"));
+};
+template <>
 struct levanter::config::schema<levanter::TrainerConfig> {
   using T = levanter::TrainerConfig;
   static constexpr auto fields = std::make_tuple(
       field("seed", &T::seed, "seed of the PRNG key split into data, model and training keys"),
       field("mp", &T::mp, "mixed precision: f32, bfloat16, or p=f32,c=bfloat16[,o=f32]"),
       field("quantization", &T::quantization, "quantized training (not supported)"),
-      field("model_averaging", &T::model_averaging, "EMA of the weights (not supported yet)"),
+      field("model_averaging", &T::model_averaging, "an average of the weights (ema, ema_decay_sqrt) that evaluation and exports use"),
       field("id", &T::id, "run id (default: $RUN_ID, else 8 random [a-z0-9])"),
       field("log_dir", &T::log_dir, "directory of run directories"),
       field("tracker", &T::tracker, "metrics tracker(s): json_logger (default), noop"),

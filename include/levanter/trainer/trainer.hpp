@@ -77,6 +77,9 @@ struct step_info {
   std::int64_t tokens = 0;
   const M* model = nullptr;
   const train_state<M>* state = nullptr;
+  /// What evaluation and exports use (upstream `eval_model`): the trainer.model_averaging average when there is one,
+  /// else `model`.
+  const M* eval_model = nullptr;
 };
 
 /// A hook: runs after the steps whose index is a multiple of `every` (0 or less: never during training), and,
@@ -156,8 +159,11 @@ class Trainer {
   /// The optimizer `choice` asks for, sharded over the data ranks when the plan says so (ZeRO-1, FSDP), and for
   /// this rank's slices of the parameters under tensor parallelism (`params` is the whole model).
   std::unique_ptr<optim::optimizer<M>> make_optimizer(const OptimizerChoice& choice, const M& params) {
-    if (plan_.mesh.model == 1)
-      return optim::make_optimizer(choice, cfg_.num_train_steps, params, data_, plan_.shard_optimizer);
+    if (plan_.mesh.model == 1) {
+      auto opt = optim::make_optimizer(choice, cfg_.num_train_steps, params, data_, plan_.shard_optimizer);
+      if (cfg_.model_averaging) opt->set_model_averaging(averaging(), params);
+      return opt;
+    }
     const auto dims = split_dims(params);
     const int T = plan_.mesh.model, t = tp_rank_;
     auto opt = optim::make_optimizer(choice, cfg_.num_train_steps, slice(params, dims), data_, plan_.shard_optimizer);
@@ -168,6 +174,7 @@ class Trainer {
     c.to_local = [dims, t, T](const M& w) { return distributed::slice_model(w, dims, t, T); };
     c.local_zeros = [dims, T](const M& w) { return distributed::local_zeros(w, dims, T); };
     opt->set_tensor_parallel(std::move(c));
+    if (cfg_.model_averaging) opt->set_model_averaging(averaging(), slice(params, dims));
     return opt;
   }
 
@@ -548,13 +555,14 @@ class Trainer {
           state.optimizer->save_state(unused, state.model);
         }
       }
-      if (fs || T > 1) {
-        bool hook_due = false;
-        for (const auto& h : hooks_) hook_due = hook_due || (h.every > 0 && step % h.every == 0);
-        if (hook_due) make_whole();
-      }
+      bool hook_due = false;
+      for (const auto& h : hooks_) hook_due = hook_due || (h.every > 0 && step % h.every == 0);
+      if (hook_due && (fs || T > 1)) make_whole();
+      std::optional<M> averaged;  // the model average, whole, for the hooks (every rank takes part)
+      if (hook_due && state.optimizer->averages()) averaged.emplace(state.optimizer->averaged_model(state.model));
       info = step_info<M>{step,          step + 1,        t.num_train_steps, loss, stats.learning_rate, secs,
                           B * opts_.tokens_per_example, &state.model,      &state};
+      info.eval_model = averaged ? &*averaged : &state.model;
       for (std::size_t h = 0; h < hooks_.size(); ++h)
         if (hooks_[h].every > 0 && step % hooks_[h].every == 0) {
           if (root || hooks_[h].all_ranks) hooks_[h].fn(info);
@@ -582,6 +590,11 @@ class Trainer {
       info = step_info<M>{state.step - 1, state.step, t.num_train_steps, std::nan(""),
                           state.optimizer->next_learning_rate(), 0.0, 0, &state.model, &state};
     }
+    std::optional<M> averaged;
+    if (state.optimizer->averages()) averaged.emplace(state.optimizer->averaged_model(state.model));
+    info.model = &state.model;
+    info.state = &state;
+    info.eval_model = averaged ? &*averaged : &state.model;
     for (std::size_t h = 0; h < hooks_.size(); ++h)
       if (hooks_[h].at_end && last_run[h] != info.step && (root || hooks_[h].all_ranks)) hooks_[h].fn(info);
     if (ckpt) ckpt->wait();
@@ -597,6 +610,20 @@ class Trainer {
   }
 
  private:
+  // trainer.model_averaging as the optimizer keeps it.
+  optim::model_averaging averaging() const {
+    optim::model_averaging m;
+    if (const auto* e = cfg_.model_averaging->template get_if<EmaModelAveragingConfig>()) {
+      m.beta = e->beta;
+    } else if (const auto* d = cfg_.model_averaging->template get_if<EmaDecaySqrtConfig>()) {
+      m.type = optim::model_averaging::kind::ema_decay_sqrt;
+      m.beta = d->beta;
+      m.switch_step = d->switch_step;
+      m.decay_steps = d->decay_steps;
+    }
+    return m;
+  }
+
   // The axis names of M's parameters (static per leaf type, so a default-constructed M answers).
   static std::set<std::string> model_axes() {
     std::set<std::string> names;
