@@ -1,4 +1,4 @@
-// AdamW update over GPT-2-small-sized parameters (124,439,808 floats in GPT-2's 148 leaves), against a copy of
+// Optimizer updates (AdamW, and every rule optimizer through make_optimizer) over GPT-2-small-sized parameters (124,439,808 floats in GPT-2's 148 leaves), against a copy of
 // the same bytes. The update is memory-bound: it reads p, g, m, v and writes p, m, v (28 bytes per parameter),
 // after one read of g for the global gradient norm (4 more). `bytes_per_second` counts all 32 bytes; compare it
 // with BM_copy_parallel (the same thread pool copying chunks, 8 bytes per float moved) and BM_memcpy (one thread).
@@ -7,7 +7,9 @@
 #include <boost/hana/define_struct.hpp>
 #include <cstring>
 #include <haliax/detail/thread_pool.hpp>
+#include <levanter/config/yaml.hpp>
 #include <levanter/optim/adamw.hpp>
+#include <levanter/optim/optimizer.hpp>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,32 @@ void BM_adamw_rms_clipping(benchmark::State& state) {
   run_adamw(state, c);
 }
 
+// The optimizers written as rules (levanter/optim/rules.hpp) through make_optimizer, as train_lm makes them, and
+// AdamW the same way. Floats moved per parameter: the gradient norm's read of g, then each rule's passes (p read and
+// written, g read, each state buffer read and written; Cautious's leaf pass reads g and updates m, v, and its main
+// pass reads them again; MARS reads g and the previous g once more for its own norm).
+void run_type(benchmark::State& state, const char* type, double floats_moved) {
+  levanter::config::source_map sources;
+  const auto node = levanter::config::load_yaml_string(std::string("{type: ") + type + "}", "bench", sources);
+  const auto choice = levanter::config::decode<levanter::OptimizerChoice>(node, "optimizer", sources);
+  auto params = make(1e-3f);
+  auto grads = make(1e-4f);
+  auto opt = levanter::optim::make_optimizer(choice, 1000000, params);
+  for (auto _ : state) {
+    auto s = opt->update(params, grads, 1.0);
+    benchmark::DoNotOptimize(s);
+  }
+  state.counters["params"] = static_cast<double>(total());
+  state.counters["bytes_per_second"] = benchmark::Counter(floats_moved * 4.0 * static_cast<double>(total()),
+                                                          benchmark::Counter::kIsIterationInvariantRate);
+}
+void BM_opt_adam(benchmark::State& s) { run_type(s, "adam", 8); }
+void BM_opt_lion(benchmark::State& s) { run_type(s, "lion", 1 + 5); }
+void BM_opt_adopt(benchmark::State& s) { run_type(s, "adopt", 1 + 7); }
+void BM_opt_rmsprop(benchmark::State& s) { run_type(s, "rmsprop", 1 + 7); }
+void BM_opt_cautious(benchmark::State& s) { run_type(s, "cautious", 1 + 5 + 5); }
+void BM_opt_mars(benchmark::State& s) { run_type(s, "mars", 1 + 2 + 9); }
+
 void BM_memcpy(benchmark::State& state) {
   auto x = make(1.0f), y = make(2.0f);
   for (auto _ : state) {
@@ -132,5 +160,11 @@ BENCHMARK(BM_copy_parallel)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_adamw)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_adamw_nesterov_noclip)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_adamw_rms_clipping)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_adam)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_lion)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_adopt)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_rmsprop)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_cautious)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_mars)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 HALIAX_BENCHMARK_MAIN();
