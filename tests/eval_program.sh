@@ -43,7 +43,7 @@ expect_fail 5 "hf_checkpoint: 'nowhere' is not a local directory" "$eval_lm" --h
   --trainer.log_dir logs
 expect_fail 2 "data.validation_urls is empty" "$eval_lm" --checkpoint_path ckpt/two --data.validation_urls '[]' \
   --trainer.log_dir logs
-"$eval_lm" --help | grep -q -- "--log_entropy" || fail "--help does not list log_entropy"
-"$eval_lm" --checkpoint_path ckpt/two --log_entropy true --dry_run 2> /dev/null | grep -q "log_entropy: true" ||
+"$eval_lm" --help | grep -- "--log_entropy" > /dev/null || fail "--help does not list log_entropy"
+"$eval_lm" --checkpoint_path ckpt/two --log_entropy true --dry_run 2> /dev/null | grep "log_entropy: true" > /dev/null ||
   fail "--dry_run does not print the resolved config"
 echo "OK: train_lm -> eval_lm reports train_lm's eval loss ($loss), report and tracker written, errors exit 2 / 5"

@@ -24,7 +24,7 @@ command -v h5dump > /dev/null || fail "h5dump is missing (scripts/setup-debian.s
 h5dump -A ckpt/hf/step-4/model.h5 > h5dump.out || fail "h5dump cannot read model.h5"
 grep -q 'DATASET "weight"' h5dump.out || fail "h5dump shows no weight dataset"
 grep -q '"layers", "embed", "qkv", "heads", "head_size"' h5dump.out || { head -50 h5dump.out; fail "h5dump shows no axes"; }
-h5dump -d /step ckpt/hf/step-4/training_state.h5 | grep -q "(0): 4" || fail "h5dump: training_state.h5 step is not 4"
+h5dump -d /step ckpt/hf/step-4/training_state.h5 | grep "(0): 4" > /dev/null || fail "h5dump: training_state.h5 step is not 4"
 
 # Export: the model config comes from the checkpoint's config.yaml.
 "$export_prog" --checkpoint_path ckpt/hf --output_dir exported --save_dtype float32 > export.out 2>&1 ||

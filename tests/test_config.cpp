@@ -578,7 +578,7 @@ TEST_CASE("validate: unsupported features are refused with what to use instead")
       {{"--trainer.tracker", "{type: wandb}"}, "use tracker: {type: tensorboard}"},
       {{"--trainer.wandb", "{project: x}"}, "trainer.wandb"},
       {{"--trainer.quantization", "{fp8: true}"}, "trainer.quantization"},
-      {{"--trainer.model_averaging", "{type: ema}"}, "trainer.model_averaging"},
+      {{"--trainer.model_averaging", "{type: ema, beta: 1.5}"}, "trainer.model_averaging.beta"},
       {{"--trainer.watch", "{watch_targets: [grads, gradz]}"}, "trainer.watch.watch_targets[1] (command line): unknown watch target 'gradz'"},
       {{"--trainer.watch", "{interval: -1}"}, "trainer.watch.interval"},
       {{"--trainer.profiler", "true", "--trainer.profiler_num_steps", "0"}, "trainer.profiler_num_steps"},

@@ -63,8 +63,7 @@ run "${ema[@]}" --trainer.id ema > ema.out 2>&1 || { cat ema.out; fail "model av
 grep -q '"eval/ema/loss"' logs/ema/metrics.jsonl || fail "ema: no eval/ema/loss in the metrics"
 grep -q '"eval/loss"' logs/ema/metrics.jsonl || fail "ema: the current model is no longer evaluated"
 grep -q "eval step 11  (average)" ema.out || { cat ema.out; fail "ema: the final evaluation of the average is missing"; }
-h5ls -r ckpt/ema/step-12/opt_state.h5 2> /dev/null | grep -q model_averaging ||
-  strings ckpt/ema/step-12/opt_state.h5 | grep -q model_averaging || fail "ema: opt_state.h5 holds no model average"
+strings ckpt/ema/step-12/opt_state.h5 | grep model_averaging > /dev/null || fail "ema: opt_state.h5 holds no model average"
 resumes ema "${ema[@]}"
 
 # A nano Llama (config/llama2_nano.yaml, from the repository root as a user runs it).

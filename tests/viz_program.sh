@@ -110,5 +110,5 @@ expect_fail 3 "data file 'missing.jsonl' not found" "$viz" --checkpoint_path ckp
 expect_fail 2 "validation_urls is empty" "$viz" --checkpoint_path "$golden/hf_gpt2_tiny" --checkpoint_is_hf true
 expect_fail 1 "outside the model's vocabulary" "$viz" --checkpoint_path "$golden/hf_gpt2_tiny" --checkpoint_is_hf true \
   --data.tokenizer byte --data.validation_urls "[\"$PWD/ids.jsonl\"]"
-"$viz" --help | grep -q -- "--comparison_model_path" || fail "--help does not list comparison_model_path"
+"$viz" --help | grep -- "--comparison_model_path" > /dev/null || fail "--help does not list comparison_model_path"
 echo "OK: train_lm -> viz_logprobs heatmap, eval-window mean = -eval loss, diff page, HF + passthrough, errors"

@@ -57,6 +57,8 @@ void help_struct(const S& value, const std::string& path, std::string& out, cons
 
 template <class T> struct optional_struct : std::false_type {};
 template <has_schema T> struct optional_struct<std::optional<T>> : std::true_type {};
+template <class T> struct optional_choice : std::false_type {};
+template <class... A> struct optional_choice<std::optional<Choice<A...>>> : std::true_type {};
 template <class T> struct vector_struct : std::false_type {};
 template <has_schema T> struct vector_struct<std::vector<T>> : std::true_type {};
 
@@ -90,6 +92,9 @@ void help_field(const M& v, const std::string& path, std::string_view doc, std::
     using E = typename decltype(v.items)::value_type;
     if constexpr (is_choice<E>::value) help_choice_alternatives(v.items.empty() ? E{} : v.items.front(), path, out, indent);
     else if constexpr (has_schema<E>) help_struct(v.items.empty() ? E{} : v.items.front(), path, out, indent + "  ");
+  } else if constexpr (optional_choice<M>::value) {
+    help_line(out, indent, path, type_label<M>(), v ? std::string(v->type_name()) : std::string("null"), doc);
+    help_choice_alternatives(v ? *v : typename M::value_type{}, path, out, indent);
   } else if constexpr (optional_struct<M>::value) {
     help_line(out, indent, path, "MAP", to_flow_string(encode(v)), doc);
     help_struct(v ? *v : typename M::value_type{}, path, out, indent + "  ");

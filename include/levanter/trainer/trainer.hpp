@@ -365,6 +365,23 @@ class Trainer {
       const auto step_sent0 = sent();  // comm/gradient_bytes: everything sent from here to the summed gradient
       const auto step_key = haliax::random::fold_in(state.training_key, static_cast<std::uint32_t>(step));
 
+      // One micro-batch (the k-th of this rank's): its examples, its dropout key (by the micro-batch's index in the
+      // global batch, whichever rank computes it), the loss and the gradient of `model`.
+      auto micro_batch = [&](const M& model, std::int64_t k) -> std::pair<M, double> {
+        const auto tl = std::chrono::steady_clock::now();
+        std::optional<lm_example> ex;
+        {
+          haliax::detail::profile::region r([] { return std::string("trainer: load batch"); }, 0.0);
+          ex.emplace(batches(offset + k * mb, mb));  // waits only if the cache has not reached these examples
+        }
+        loading_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
+        forward_options fo;
+        fo.inference = false;
+        fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(drank * micro + k));
+        fo.checkpointing = opts_.checkpointing;
+        auto [loss, g] = haliax::value_and_grad([&](const M& p) { return loss_(p, *ex, fo); })(model);
+        return {std::move(g), loss.item()};
+      };
       // ---- forward and backward over the micro-batches (gradient accumulation) ----
       // The micro-batches' gradients and losses are added along distributed::tree_order's tree (left half + right
       // half), computed left to right with at most log2(micro) partial sums alive. With a power-of-two rank count
@@ -379,20 +396,7 @@ class Trainer {
                                    [](const std::string&, auto& acc, auto& x) { acc = acc + x; });
           return {std::move(left.first), left.second + right.second};
         }
-        const auto tl = std::chrono::steady_clock::now();
-        std::optional<lm_example> ex;
-        {
-          haliax::detail::profile::region r([] { return std::string("trainer: load batch"); }, 0.0);
-          ex.emplace(batches(offset + first * mb, mb));  // waits only if the cache has not reached these examples
-        }
-        loading_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
-        forward_options fo;
-        fo.inference = false;
-        // dropout keys by the micro-batch's index in the global batch, whichever rank computes it
-        fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(drank * micro + first));
-        fo.checkpointing = opts_.checkpointing;
-        auto [loss, g] = haliax::value_and_grad([&](const M& p) { return loss_(p, *ex, fo); })(state.model);
-        return {std::move(g), loss.item()};
+        return micro_batch(state.model, first);
       };
       std::optional<M> grads;
       double loss_sum = 0;
@@ -405,20 +409,9 @@ class Trainer {
         {
           M step_model = fs->step_model();
           for (std::int64_t k = 0; k < micro; ++k) {
-            const auto tl = std::chrono::steady_clock::now();
-            std::optional<lm_example> ex;
-            {
-              haliax::detail::profile::region r([] { return std::string("trainer: load batch"); }, 0.0);
-              ex.emplace(batches(offset + k * mb, mb));
-            }
-            loading_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
-            forward_options fo;
-            fo.inference = false;
-            fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(drank * micro + k));
-            fo.checkpointing = opts_.checkpointing;
-            auto [loss, g] = haliax::value_and_grad([&](const M& p) { return loss_(p, *ex, fo); })(step_model);
+            auto [g, loss] = micro_batch(step_model, k);
             fs->reduce_rest(g);
-            loss_sum += loss.item();
+            loss_sum += loss;
           }
         }
         loss_sum = distributed::allreduce_sum(data, loss_sum);
