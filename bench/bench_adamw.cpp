@@ -53,6 +53,64 @@ gpt2_small make(float value) {
   return m;
 }
 
+// The same model with its matrices as Linear weights (what Muon, Scion and Adam-mini group by): embeddings and
+// the norms and biases as flat leaves, each block's c_attn, c_proj, c_fc and mlp c_proj as {in, out} Linears
+// (GPT-2's layout), one per layer (not Stacked).
+inline constexpr struct E final : haliax::axis<"embed"> {
+} E;
+inline constexpr struct EOut final : haliax::axis<"embed_out"> {
+} EOut;
+inline constexpr struct Qkv final : haliax::axis<"qkv"> {
+} Qkv;
+inline constexpr struct Mlp final : haliax::axis<"mlp"> {
+} Mlp;
+struct gpt2_block {
+  BOOST_HANA_DEFINE_STRUCT(gpt2_block, (hax::nn::Linear<hax::axes<E>, hax::axes<Qkv>>, c_attn),
+                           (hax::nn::Linear<hax::axes<E>, hax::axes<EOut>>, c_proj),
+                           (hax::nn::Linear<hax::axes<E>, hax::axes<Mlp>>, c_fc),
+                           (hax::nn::Linear<hax::axes<Mlp>, hax::axes<EOut>>, mlp_proj));
+};
+struct gpt2_linears {
+  BOOST_HANA_DEFINE_STRUCT(gpt2_linears, (std::vector<leaf>, flat), (std::vector<gpt2_block>, blocks));
+};
+
+template <class A>
+void fill(A& x, float value) {
+  float* p = x.data();
+  const int64_t n = x.element_count();
+  hax::detail::thread_pool::instance().run((n + 65535) / 65536, [&](int64_t c) {
+    for (int64_t i = c * 65536; i < std::min(n, (c + 1) * 65536); ++i) p[i] = value * static_cast<float>((i % 97) - 48);
+  });
+}
+
+gpt2_linears make_linears(float value) {
+  const int64_t e = 768, v = 50257, pos = 1024;
+  gpt2_linears m;
+  std::vector<int64_t> flat{v * e, pos * e};
+  for (int l = 0; l < 12; ++l)
+    for (int64_t n : {e, e, 3 * e, e, e, e, 4 * e, e}) flat.push_back(n);  // ln_1, c_attn/c_proj biases, ln_2, ...
+  flat.push_back(e);
+  flat.push_back(e);
+  for (int64_t n : flat) {
+    auto x = leaf::allocate({n}, "bench::param");
+    fill(x, value);
+    m.flat.push_back(x);
+  }
+  for (int l = 0; l < 12; ++l) {
+    gpt2_block b;
+    b.c_attn.weight = decltype(b.c_attn.weight)::allocate({e, 3 * e}, "bench::param");
+    b.c_proj.weight = decltype(b.c_proj.weight)::allocate({e, e}, "bench::param");
+    b.c_fc.weight = decltype(b.c_fc.weight)::allocate({e, 4 * e}, "bench::param");
+    b.mlp_proj.weight = decltype(b.mlp_proj.weight)::allocate({4 * e, e}, "bench::param");
+    fill(b.c_attn.weight, value);
+    fill(b.c_proj.weight, value);
+    fill(b.c_fc.weight, value);
+    fill(b.mlp_proj.weight, value);
+    m.blocks.push_back(std::move(b));
+  }
+  return m;
+}
+
 int64_t total() {
   int64_t t = 0;
   for (auto n : gpt2_sizes()) t += n;
@@ -96,18 +154,24 @@ void BM_adamw_rms_clipping(benchmark::State& state) {
 // AdamW the same way. Floats moved per parameter: the gradient norm's read of g, then each rule's passes (p read and
 // written, g read, each state buffer read and written; Cautious's leaf pass reads g and updates m, v, and its main
 // pass reads them again; MARS reads g and the previous g once more for its own norm).
-void run_type(benchmark::State& state, const char* type, double floats_moved) {
-  levanter::config::source_map sources;
-  const auto node = levanter::config::load_yaml_string(std::string("{type: ") + type + "}", "bench", sources);
-  const auto choice = levanter::config::decode<levanter::OptimizerChoice>(node, "optimizer", sources);
-  auto params = make(1e-3f);
-  auto grads = make(1e-4f);
+template <class Model>
+void run_model(benchmark::State& state, const levanter::OptimizerChoice& choice, Model params, Model grads) {
   auto opt = levanter::optim::make_optimizer(choice, 1000000, params);
   for (auto _ : state) {
     auto s = opt->update(params, grads, 1.0);
     benchmark::DoNotOptimize(s);
   }
-  state.counters["params"] = static_cast<double>(total());
+  state.counters["params"] = static_cast<double>(hax::tree::parameter_count(params));
+}
+// `linears`: GPT-2's matrices as Linear weights (gpt2_linears), for the optimizers that treat them apart.
+void run_type(benchmark::State& state, const char* type, double floats_moved, bool linears = false) {
+  levanter::config::source_map sources;
+  const auto node = levanter::config::load_yaml_string(std::string("{type: ") + type + "}", "bench", sources);
+  const auto choice = levanter::config::decode<levanter::OptimizerChoice>(node, "optimizer", sources);
+  if (linears)
+    run_model(state, choice, make_linears(1e-3f), make_linears(1e-4f));
+  else
+    run_model(state, choice, make(1e-3f), make(1e-4f));
   state.counters["bytes_per_second"] = benchmark::Counter(floats_moved * 4.0 * static_cast<double>(total()),
                                                           benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -117,6 +181,13 @@ void BM_opt_adopt(benchmark::State& s) { run_type(s, "adopt", 1 + 7); }
 void BM_opt_rmsprop(benchmark::State& s) { run_type(s, "rmsprop", 1 + 7); }
 void BM_opt_cautious(benchmark::State& s) { run_type(s, "cautious", 1 + 5 + 5); }
 void BM_opt_mars(benchmark::State& s) { run_type(s, "mars", 1 + 2 + 9); }
+// Muon and Scion: momentum into the scratch (buffer read and written, g read, scratch written), Newton-Schulz on the
+// scratch (read and written, besides its GEMMs' flops), then p read and written and the scratch read. Adam-mini: the
+// momentum and g^2 into the scratch, its means (scratch read and written), then p, the second moment and the
+// momentum. (Counted for the matrices; the other leaves, Adam or signum, move 7 or 5.)
+void BM_opt_muon(benchmark::State& s) { run_type(s, "muon", 1 + 4 + 2 + 3, true); }
+void BM_opt_scion(benchmark::State& s) { run_type(s, "scion", 1 + 4 + 2 + 3, true); }
+void BM_opt_mini(benchmark::State& s) { run_type(s, "mini", 1 + 4 + 2 + 6, true); }
 
 void BM_memcpy(benchmark::State& state) {
   auto x = make(1.0f), y = make(2.0f);
@@ -166,5 +237,8 @@ BENCHMARK(BM_opt_adopt)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_opt_rmsprop)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_opt_cautious)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_opt_mars)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_muon)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_scion)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_mini)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 HALIAX_BENCHMARK_MAIN();

@@ -245,8 +245,13 @@ TEST_CASE("choices: type key, bare name, default, unknown and unsupported types"
   CHECK(dec<OptimizerChoice>("{type: lion, beta1: 0.8}").get_if<LionConfig>()->beta1 == 0.8);
   CHECK(dec<OptimizerChoice>("{type: mars, weight_decay: 0.2}").get_if<MarsConfig>()->weight_decay == 0.2);
   CHECK(round_trip(dec<OptimizerChoice>("{type: rmsprop, eps: 1e-20}")).get_if<RMSPropMomentumConfig>()->eps == 1e-20);
-  e = error_of([] { dec<OptimizerChoice>("{type: muon, momentum: 0.9}"); });
-  CHECK(contains(e, "x.type (<yaml>:1): muon is not supported yet; use type: adam, lion, adopt, rmsprop, cautious or mars"));
+  CHECK(dec<OptimizerChoice>("{type: muon, momentum: 0.9}").get_if<MuonConfig>()->momentum == 0.9);
+  CHECK(dec<OptimizerChoice>("muon").get_if<MuonConfig>()->weight_decay == 0.0);  // upstream re-defaults it
+  CHECK(dec<OptimizerChoice>("{type: scion}").get_if<ScionConfig>()->backend_steps == 10);
+  CHECK(round_trip(dec<OptimizerChoice>("{type: mini, beta2: 0.9}")).get_if<MiniConfig>()->beta2 == 0.9);
+  e = error_of([] { dec<OptimizerChoice>("{type: soap, beta1: 0.9}"); });
+  CHECK(contains(e, "x.type (<yaml>:1): soap is not supported yet; SOAP's eigenbases"));
+  CHECK(contains(e, "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion or mini"));
   e = error_of([] { dec<OptimizerChoice>("{type: lion, nesterov: true}"); });
   CHECK(contains(e, "nesterov"));
   e = error_of([] { dec<ModelChoice>("mixtral"); });

@@ -385,12 +385,19 @@ levanter::OptimizerChoice choice_of(const std::string& type, json fields) {
 }
 
 TEST_CASE("rule optimizers: parameters after every step equal upstream's optax chain") {
-  const auto cases = read_adam_golden("optimizers_golden.txt");
+  auto cases = read_adam_golden("optimizers_golden.txt");
   REQUIRE_MESSAGE(!cases.empty(), "tests/golden/optimizers_golden.txt missing");
+  const auto matrix = read_adam_golden("optimizers_matrix_golden.txt");
+  REQUIRE_MESSAGE(!matrix.empty(), "tests/golden/optimizers_matrix_golden.txt missing");
+  cases.insert(cases.end(), matrix.begin(), matrix.end());
+  const std::set<std::string> types = {"lion", "adopt", "rmsprop", "cautious", "mars", "muon", "scion", "mini"};
   std::map<std::string, int> ran;
   for (const auto& c : cases) {
     const std::string type = c.name.substr(0, c.name.find('_'));
-    if (type != "lion" && type != "adopt" && type != "rmsprop" && type != "cautious" && type != "mars") continue;
+    if (!types.count(type)) continue;  // soap, kron: refused (see "refused optimizers")
+    // 1e-6 relative for every rule, Newton-Schulz's (muon, scion) included: its GEMMs sum in another order than
+    // XLA's, and the 5 or 10 iterations have left at most 1.9e-7 on this toy (reported below).
+    const double tol = 1e-6;
     CAPTURE(c.name);
     toy model = make_toy(5, 4, 3, 3, 2);
     set_leaves(model, c.init);
@@ -412,7 +419,7 @@ TEST_CASE("rule optimizers: parameters after every step equal upstream's optax c
         for (std::size_t i = 0; i < got.size(); ++i) {
           const double scale = std::max(1.0, std::abs(static_cast<double>(want[i])));
           max_rel = std::max(max_rel, std::abs(static_cast<double>(got[i]) - want[i]) / scale);
-          if (!(std::abs(got[i] - want[i]) <= 1e-6 * scale) && bad++ < 3)
+          if (!(std::abs(got[i] - want[i]) <= tol * scale) && bad++ < 3)
             CHECK_MESSAGE(false, name << "[" << i << "]: " << got[i] << " vs " << want[i]);
         }
       });
@@ -420,12 +427,12 @@ TEST_CASE("rule optimizers: parameters after every step equal upstream's optax c
     MESSAGE(c.name << ": largest difference from optax, relative to max(1, |p|): " << max_rel);
     ++ran[type];
   }
-  for (const char* t : {"lion", "adopt", "rmsprop", "cautious", "mars"}) CHECK_MESSAGE(ran[t] >= 2, t);
+  for (const auto& t : types) CHECK_MESSAGE(ran[t] >= 2, t);
 }
 
 TEST_CASE("rule optimizers: state survives save and load, and the same steps follow bit for bit") {
   // Two runs of 6 steps; the second saves after 3, loads into a fresh optimizer, and continues.
-  for (const char* type : {"lion", "adopt", "rmsprop", "cautious", "mars"}) {
+  for (const char* type : {"lion", "adopt", "rmsprop", "cautious", "mars", "muon", "scion", "mini"}) {
     CAPTURE(type);
     const auto choice = choice_of(type, json{{"learning_rate", 0.01}, {"warmup", 0.0}, {"max_grad_norm", 0.5}});
     toy a = make_toy(5, 4, 3, 3, 2), b;
@@ -465,6 +472,111 @@ TEST_CASE("rule optimizers: state survives save and load, and the same steps fol
       CHECK_MESSAGE(x.to_host() == y.to_host(), name);
     });
   }
+}
+
+struct proj_in {  // GPT-2's layout: weight {embed, hidden}
+  BOOST_HANA_DEFINE_STRUCT(proj_in, (nn::Linear<axes<Embed>, axes<Hidden>>, proj));
+};
+struct proj_out {  // torch's (upstream out_first): weight {hidden, embed}
+  BOOST_HANA_DEFINE_STRUCT(proj_out, (nn::Linear<axes<Embed>, axes<Hidden>, axes<>, float, true>, proj));
+};
+
+TEST_CASE("muon: Newton-Schulz orthogonalises, a matrix and its transpose alike, scaled by fan-out over fan-in") {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  const int64_t r = 12, c = 20;
+  std::vector<float> x(static_cast<std::size_t>(r * c)), xt(x.size());
+  for (auto& v : x) v = nd(rng);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) xt[static_cast<std::size_t>(j * r + i)] = x[static_cast<std::size_t>(i * c + j)];
+  auto x2 = x;
+  opt::newton_schulz(x.data(), 1, r, c, 5, 1e-8f, 1.0f);
+  opt::newton_schulz(xt.data(), 1, c, r, 5, 1e-8f, 1.0f);
+  opt::newton_schulz(x2.data(), 1, r, c, 5, 1e-8f, 2.0f);
+  double off = 0, diag = 0;
+  for (int64_t i = 0; i < r; ++i) {
+    for (int64_t j = 0; j < c; ++j) {
+      const auto a = static_cast<std::size_t>(i * c + j);
+      REQUIRE(xt[static_cast<std::size_t>(j * r + i)] == x[a]);  // transposed input: transposed output, same bits
+      REQUIRE(x2[a] == 2.0f * x[a]);
+    }
+    for (int64_t k = 0; k < r; ++k) {
+      double d = 0;
+      for (int64_t j = 0; j < c; ++j) d += double(x[static_cast<std::size_t>(i * c + j)]) * x[static_cast<std::size_t>(k * c + j)];
+      (i == k ? diag : off) += (i == k ? d : d * d);
+    }
+  }
+  // X X^T near the identity: the quintic drives every singular value into about [0.7, 1.2]
+  CHECK(diag / r == doctest::Approx(1.0).epsilon(0.25));
+  CHECK(std::sqrt(off) / r < 0.15);
+
+  // Without Kimi's scaling the update is sqrt(max(1, fan_out / fan_in)) (here sqrt(3)) times Newton-Schulz of the
+  // Nesterov momentum, whichever layout the weight has (upstream asserts out_first instead).
+  const int64_t e = 4, h = 12;
+  std::vector<float> w(static_cast<std::size_t>(e * h)), g(w.size()), wt(w.size()), gt(w.size());
+  for (auto& v : w) v = nd(rng);
+  for (auto& v : g) v = nd(rng);
+  for (int64_t i = 0; i < e; ++i)
+    for (int64_t j = 0; j < h; ++j) {
+      wt[static_cast<std::size_t>(j * e + i)] = w[static_cast<std::size_t>(i * h + j)];
+      gt[static_cast<std::size_t>(j * e + i)] = g[static_cast<std::size_t>(i * h + j)];
+    }
+  proj_in a, ga;
+  proj_out b, gb;
+  a.proj.weight = hax::from_host<float>(w, e * Embed, h * Hidden);
+  ga.proj.weight = hax::from_host<float>(g, e * Embed, h * Hidden);
+  b.proj.weight = hax::from_host<float>(wt, h * Hidden, e * Embed);
+  gb.proj.weight = hax::from_host<float>(gt, h * Hidden, e * Embed);
+  const auto choice = choice_of("muon", json{{"learning_rate", 0.01}, {"warmup", 0.0}});
+  auto oa = opt::make_optimizer(choice, 10, a);
+  auto ob = opt::make_optimizer(choice, 10, b);
+  oa->update(a, ga, 1.0);
+  ob->update(b, gb, 1.0);
+  std::vector<float> u(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) u[i] = 0.95f * g[i] + g[i];  // Nesterov on a zero buffer
+  opt::newton_schulz(u.data(), 1, e, h, 5, 1e-8f, std::sqrt(3.0f));
+  const auto pa = a.proj.weight.to_host(), pb = b.proj.weight.to_host();
+  for (int64_t i = 0; i < e; ++i)
+    for (int64_t j = 0; j < h; ++j) {
+      const auto k = static_cast<std::size_t>(i * h + j);
+      CHECK(pa[k] == w[k] + u[k] * -0.01f);
+      CHECK(pb[static_cast<std::size_t>(j * e + i)] == pa[k]);
+    }
+}
+
+TEST_CASE("muon, scion, mini: leaves described and grouped as upstream labels them") {
+  const toy m = make_toy(5, 4, 3, 3, 2);
+  const auto d = opt::leaf_descs(m);
+  REQUIRE(d.size() == 7);
+  CHECK(d[0].path == "embeddings.weight");
+  CHECK(!d[0].linear_weight);
+  CHECK(d[1].path == "blocks.stacked.attn.weight");
+  CHECK(d[1].linear_weight);
+  CHECK((d[1].layers == 2 && d[1].rows == 4 && d[1].cols == 3 && d[1].fan_in == 4 && d[1].fan_out == 3));
+  CHECK(!d[2].linear_weight);  // the Linear's bias
+  CHECK((d[5].linear_weight && d[5].layers == 1 && d[5].rows == 4 && d[5].cols == 3));
+  const auto muon = opt::muon_rule(levanter::MuonConfig{});
+  REQUIRE(muon.groups.size() == 2);
+  CHECK(muon.groups[0].name == "muon");
+  for (std::size_t i = 0; i < d.size(); ++i) CHECK(muon.label(d[i]) == (d[i].linear_weight ? 0u : 1u));
+  auto head = d[5];
+  head.path = "lm_head.weight";  // a Llama's untied head stays with Adam
+  CHECK(muon.label(head) == 1u);
+  const auto mini = opt::mini_rule(levanter::MiniConfig{});
+  auto name_of = [&](opt::leaf_desc x, const std::string& path) {
+    x.path = path;
+    return mini.groups[mini.label(x)].name;
+  };
+  CHECK(name_of(d[0], "embeddings.token_embeddings.weight") == "embedding");
+  CHECK(name_of(d[1], "transformer.layers.stacked.self_attn.q_proj.weight") == "query");
+  CHECK(name_of(d[2], "transformer.layers.stacked.self_attn.q_proj.bias") == "query");  // the path decides first
+  CHECK(name_of(d[1], "transformer.layers.stacked.self_attn.k_proj.weight") == "key");
+  CHECK(name_of(d[1], "transformer.layers.stacked.self_attn.v_proj.weight") == "value");
+  CHECK(name_of(d[1], "transformer.layers.stacked.self_attn.o_proj.weight") == "output");
+  CHECK(name_of(d[5], "lm_head.weight") == "lm_head");
+  CHECK(name_of(d[1], "transformer.layers.stacked.mlp.up_proj.weight") == "linear");
+  CHECK(name_of(d[2], "transformer.layers.stacked.mlp.up_proj.bias") == "adamw");
+  CHECK(name_of(d[3], "transformer.layers.stacked.input_layernorm.weight") == "adamw");
 }
 
 TEST_CASE("model averaging: ema and ema_decay_sqrt follow upstream's formulas and survive save and load") {

@@ -149,6 +149,37 @@ void validate(config::validator& v, const MarsConfig& o) {
   check_max_grad_norm(v, o.max_grad_norm);
 }
 
+void validate(config::validator& v, const MuonConfig& o) {
+  validate_base(v, o);
+  check_real(v, "optimizer.adam_lr", o.adam_lr, 0, 10, true);
+  check_beta(v, "optimizer.momentum", o.momentum);
+  check_int(v, "optimizer.backend_steps", o.backend_steps, 0, 100, "Newton-Schulz iterations, e.g. 5");
+  if (o.adam_weight_decay) check_real(v, "optimizer.adam_weight_decay", *o.adam_weight_decay, 0, 10);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  check_eps(v, "optimizer.epsilon", o.epsilon);
+  check_eps(v, "optimizer.muon_epsilon", o.muon_epsilon);
+  check_max_grad_norm(v, o.max_grad_norm);
+}
+
+void validate(config::validator& v, const ScionConfig& o) {
+  validate_base(v, o);
+  check_real(v, "optimizer.scion_to_signum_lr", o.scion_to_signum_lr, 0, 100);
+  check_beta(v, "optimizer.momentum", o.momentum);
+  check_int(v, "optimizer.backend_steps", o.backend_steps, 0, 100, "Newton-Schulz iterations, e.g. 10");
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_eps(v, "optimizer.scion_epsilon", o.scion_epsilon);
+  check_max_grad_norm(v, o.max_grad_norm);
+}
+
+void validate(config::validator& v, const MiniConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  check_eps(v, "optimizer.epsilon", o.epsilon);
+  check_max_grad_norm(v, o.max_grad_norm);
+}
+
 }  // namespace levanter
 
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::AdamConfig)
@@ -157,3 +188,6 @@ LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::AdoptConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::RMSPropMomentumConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::CautiousConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MarsConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MuonConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::ScionConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MiniConfig)

@@ -141,9 +141,57 @@ struct MarsConfig : OptimizerConfig {
   std::optional<double> max_grad_norm = 1.0;
 };
 
+/// `optimizer: {type: muon}` (upstream MuonConfig): momentum orthogonalised by Newton-Schulz steps for every Linear
+/// weight (except under a path naming lm_head or Embedding), Adam with its own schedule (peak adam_lr) and clipping
+/// for the rest. `lr` is upstream's key; unused (learning_rate is the Muon group's peak).
+struct MuonConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "muon";
+  MuonConfig() { weight_decay = 0.0; }
+  double lr = 0.02;
+  double adam_lr = 6e-4;
+  double momentum = 0.95;
+  bool nesterov = true;
+  int64_t backend_steps = 5;
+  std::optional<double> adam_weight_decay;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double epsilon = 1e-8;
+  double muon_epsilon = 1e-8;
+  std::optional<double> max_grad_norm = 1.0;
+  bool use_kimi_scaling = false;
+};
+
+/// `optimizer: {type: scion}` (upstream ScionConfig): Newton-Schulz on the momentum of the Linear weights, signum
+/// (at learning_rate * scion_to_signum_lr) for the rest. `lr` is upstream's key; unused.
+struct ScionConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "scion";
+  ScionConfig() { weight_decay = 0.0; }
+  double lr = 0.02;
+  double scion_to_signum_lr = 0.25;
+  double momentum = 0.95;
+  int64_t backend_steps = 10;
+  double beta1 = 0.9;
+  double scion_epsilon = 1e-8;
+  std::optional<double> max_grad_norm = 1.0;
+};
+
+/// `optimizer: {type: mini}` (upstream MiniConfig, Adam-mini): Adam whose second moment is shared along axes of
+/// each weight (by its role: embedding, query, key, value, output, lm_head, other Linear weights), plain Adam for
+/// the rest. `lr` and `nesterov` are upstream's keys; unused.
+struct MiniConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "mini";
+  MiniConfig() { weight_decay = 0.0; }
+  double lr = 0.02;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double epsilon = 1e-8;
+  std::optional<double> max_grad_norm = 1.0;
+  bool nesterov = false;
+};
+
 /// `optimizer:`; the upstream optimizers not listed here are refused by name.
-using OptimizerChoice =
-    config::Choice<AdamConfig, LionConfig, AdoptConfig, RMSPropMomentumConfig, CautiousConfig, MarsConfig>;
+using OptimizerChoice = config::Choice<AdamConfig, LionConfig, AdoptConfig, RMSPropMomentumConfig, CautiousConfig,
+                                       MarsConfig, MuonConfig, ScionConfig, MiniConfig>;
 
 /// Adds every problem of the `optimizer:` section to `v` (keys under `optimizer.`).
 void validate(config::validator& v, const AdamConfig& o);
@@ -152,6 +200,9 @@ void validate(config::validator& v, const AdoptConfig& o);
 void validate(config::validator& v, const RMSPropMomentumConfig& o);
 void validate(config::validator& v, const CautiousConfig& o);
 void validate(config::validator& v, const MarsConfig& o);
+void validate(config::validator& v, const MuonConfig& o);
+void validate(config::validator& v, const ScionConfig& o);
+void validate(config::validator& v, const MiniConfig& o);
 
 }  // namespace levanter
 
@@ -293,14 +344,56 @@ struct levanter::config::schema<levanter::MarsConfig> {
 };
 
 template <>
+struct levanter::config::schema<levanter::MuonConfig> {
+  using T = levanter::MuonConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("lr", &T::lr, "unused by Muon (upstream key; learning_rate is the Muon group's peak)"),
+      field("adam_lr", &T::adam_lr, "peak learning rate of the Adam group (same schedule shape)"),
+      field("momentum", &T::momentum, "momentum of the Muon group"),
+      field("nesterov", &T::nesterov, "Nesterov momentum in the Muon group"),
+      field("backend_steps", &T::backend_steps, "Newton-Schulz iterations"),
+      field("adam_weight_decay", &T::adam_weight_decay, "weight decay of the Adam group (unset: weight_decay)"),
+      field("beta1", &T::beta1, "Adam group's first-moment decay"),
+      field("beta2", &T::beta2, "Adam group's second-moment decay"),
+      field("epsilon", &T::epsilon, "Adam group's denominator epsilon"),
+      field("muon_epsilon", &T::muon_epsilon, "added to the Frobenius norm before Newton-Schulz"),
+      field("max_grad_norm", &T::max_grad_norm, "clip the Adam group's gradients to this norm (unset or 0: no clipping)"),
+      field("use_kimi_scaling", &T::use_kimi_scaling, "scale by 0.2 sqrt(max(rows, cols)) instead of sqrt(max(1, fan_out / fan_in))")));
+};
+template <>
+struct levanter::config::schema<levanter::ScionConfig> {
+  using T = levanter::ScionConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("lr", &T::lr, "unused by Scion (upstream key)"),
+      field("scion_to_signum_lr", &T::scion_to_signum_lr, "the signum group's lr as a fraction of learning_rate"),
+      field("momentum", &T::momentum, "momentum of the Scion group"),
+      field("backend_steps", &T::backend_steps, "Newton-Schulz iterations"),
+      field("beta1", &T::beta1, "signum group's momentum decay"),
+      field("scion_epsilon", &T::scion_epsilon, "added to the Frobenius norm before Newton-Schulz"),
+      field("max_grad_norm", &T::max_grad_norm, "clip the signum group's gradients to this norm (unset or 0: no clipping)")));
+};
+template <>
+struct levanter::config::schema<levanter::MiniConfig> {
+  using T = levanter::MiniConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("lr", &T::lr, "unused by Adam-mini (upstream key)"),
+      field("beta1", &T::beta1, "first-moment decay"),
+      field("beta2", &T::beta2, "second-moment decay"),
+      field("epsilon", &T::epsilon, "denominator epsilon"),
+      field("max_grad_norm", &T::max_grad_norm, "clip the Adam group's gradients to this norm (unset or 0: no clipping)"),
+      field("nesterov", &T::nesterov, "unused by Adam-mini (upstream key)")));
+};
+
+template <>
 struct levanter::config::unsupported_choices<levanter::OptimizerChoice> {
   static constexpr auto names = std::to_array<unsupported_choice>({
-      {"sophia-h", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
-      {"muon", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
-      {"scion", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
-      {"mini", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
-      {"soap", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
-      {"kron", "use type: adam, lion, adopt, rmsprop, cautious or mars"},
+      {"sophia-h", "Sophia-H's Hutchinson estimate needs Hessian-vector products, and haliax's autodiff is "
+                   "reverse mode only (no forward-over-reverse or double backward yet); "
+                   "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion or mini"},
+      {"soap", "SOAP's eigenbases (eigh, QR per preconditioned dimension) are not implemented yet; "
+               "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion or mini"},
+      {"kron", "PSGD Kron's preconditioners are not implemented yet; "
+               "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion or mini"},
   });
 };
 
@@ -311,3 +404,6 @@ LEVANTER_CONFIG_SECTION_EXTERN(levanter::AdoptConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::RMSPropMomentumConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::CautiousConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::MarsConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::MuonConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::ScionConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::MiniConfig)

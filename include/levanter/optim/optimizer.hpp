@@ -101,6 +101,9 @@ std::unique_ptr<optimizer<M>> make_optimizer(const OptimizerChoice& choice, std:
   if (const auto* c = choice.get_if<RMSPropMomentumConfig>()) return rule(rmsprop_rule(*c), *c);
   if (const auto* c = choice.get_if<CautiousConfig>()) return rule(cautious_rule(*c), *c);
   if (const auto* c = choice.get_if<MarsConfig>()) return rule(mars_rule(*c), *c);
+  if (const auto* c = choice.get_if<MuonConfig>()) return rule(muon_rule(*c), *c);
+  if (const auto* c = choice.get_if<ScionConfig>()) return rule(scion_rule(*c), *c);
+  if (const auto* c = choice.get_if<MiniConfig>()) return rule(mini_rule(*c), *c);
   throw std::invalid_argument("optimizer.type '" + std::string(choice.type_name()) + "' is not supported");
 }
 

@@ -13,6 +13,7 @@
 // optimizers when they are made (AdamW has device kernels; the others wait for theirs).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -49,31 +50,90 @@ struct rule_chunk {
   float* s[4];
   int64_t n;
   bool decay;
-  float leaf_mean;  ///< rule_def::leaf_loop's sum over the whole leaf divided by its size (0 without one)
+  float leaf_mean;  ///< rule_group::leaf_loop's sum over the whole leaf divided by its size (0 without one)
+  float* x;         ///< the group's scratch at these elements (rule_group::prep and leaf work), else null
 };
 
 /// A rule's element loop: updates p and the state over the chunk and returns the sum of the squares of the change
 /// made to p (float squares added in double, in element order).
 using element_loop = double (*)(const rule_step&, const rule_chunk&);
 
-/// An optimizer as a rule (see the file comment). `constants` fills the rule's part of the step.
-struct rule_def {
-  std::string_view type;                 ///< optimizer.type
-  std::vector<std::string> buffers;      ///< state buffer names, as opt_state.h5 holds them (at most 4)
+/// What a rule knows of one parameter leaf: its path, its shape as stored, and, for a Linear's weight, the
+/// matrices it holds (`layers` of `rows` x `cols`, row-major as stored: rows are the outputs when out_first).
+struct leaf_desc {
+  std::string path;
+  std::vector<int64_t> sizes;
+  int stacked_depth = 0;
+  bool linear_weight = false;
+  bool out_first = false;
+  int64_t layers = 1, rows = 0, cols = 0;
+  int64_t fan_in = 0, fan_out = 0;  ///< the product of the In axes' and of the Out axes' sizes
+};
+
+/// Work on one whole leaf of a group's scratch (after `prep` filled it): Muon's Newton–Schulz, Adam-mini's means.
+using leaf_work = std::function<void(const rule_step&, const leaf_desc&, float* x)>;
+
+/// The leaves one chain of a rule updates (upstream's multi_transform groups: Muon's "muon" and "adamw"). Each group
+/// has its own clipping (over its own leaves), schedule, weight decay and constants.
+struct rule_group {
+  std::string name;
   element_loop loop = nullptr;
   std::function<void(rule_step&)> constants;  ///< a pure function of the step's fields (may run twice)
-  std::optional<double> max_grad_norm;   ///< clip_by_global_norm before the rule (unset or 0: none)
-  bool clip_at_zero = false;             ///< max_grad_norm 0 clips to zero (upstream tests `is not None`)
+  std::optional<double> max_grad_norm;        ///< clip_by_global_norm over the group's leaves (unset or 0: none)
+  bool clip_at_zero = false;                  ///< max_grad_norm 0 clips to zero (upstream tests `is not None`)
   /// Optional: per chunk, the sum of squares of what the rule clips by its own global norm (MARS); the engine puts
-  /// the norm over every chunk (and rank) in rule_step::rule_norm before `constants` runs.
+  /// the norm over the group's chunks (and ranks) in rule_step::rule_norm before `constants` runs again.
   element_loop norm_loop = nullptr;
   /// Optional: per chunk, a sum the rule needs over each whole leaf (Cautious's agreeing elements); it runs first
   /// and updates the state, and `loop` sees the leaf's mean in rule_chunk::leaf_mean and leaves the state alone.
   element_loop leaf_loop = nullptr;
+  /// Optional: per chunk, fills the scratch rule_chunk::x (and updates the state); then `leaf` runs on each whole
+  /// leaf of the scratch (gathered from every rank under ZeRO-1/FSDP) before `loop` reads it.
+  element_loop prep = nullptr;
+  leaf_work leaf;
+  std::optional<double> peak_lr;       ///< the group's own schedule peak (Muon's adam_lr); unset: learning_rate
+  double lr_factor = 1.0;              ///< the group's lr as a multiple of the schedule's (Scion's signum)
+  std::optional<double> weight_decay;  ///< the group's own weight decay; unset: the config's
+};
+
+/// An optimizer as a rule (see the file comment).
+struct rule_def {
+  std::string_view type;             ///< optimizer.type
+  std::vector<std::string> buffers;  ///< state buffer names, as opt_state.h5 holds them (at most 4), every leaf
+  std::vector<rule_group> groups;    ///< one, or several with `label`
+  std::function<std::size_t(const leaf_desc&)> label;  ///< the group of each leaf (unset: group 0)
 };
 
 namespace detail {
 void check_rule_placement(std::string_view type);  // src/optim/rules.cpp: refuses arrays in device memory
+}
+
+/// The leaves of `params` as rules see them, in tree order.
+template <class M>
+std::vector<leaf_desc> leaf_descs(const M& params) {
+  std::vector<leaf_desc> out;
+  for_each_leaf_info(params, [&](const leaf_info& info, const auto& p) {
+    leaf_desc d;
+    d.path = info.path;
+    d.sizes.assign(p.sizes().begin(), p.sizes().end());
+    d.stacked_depth = info.stacked_depth;
+    if (info.linear) {
+      const int rank = static_cast<int>(d.sizes.size());
+      const int pre = rank - info.linear->in_axes - info.linear->out_axes;
+      const int first = info.linear->out_first ? info.linear->out_axes : info.linear->in_axes;
+      d.linear_weight = pre >= 0;
+      d.out_first = info.linear->out_first;
+      int64_t lead = 1, a = 1, b = 1;
+      for (int k = 0; k < rank; ++k) (k < pre ? lead : k < pre + first ? a : b) *= d.sizes[static_cast<std::size_t>(k)];
+      d.layers = lead;
+      d.rows = a;
+      d.cols = b;
+      d.fan_out = d.out_first ? a : b;
+      d.fan_in = d.out_first ? b : a;
+    }
+    out.push_back(std::move(d));
+  });
+  return out;
 }
 
 /// A rule run over a parameter tree of type `M`, wherever its state lies. opt_state.h5 holds the buffers by name
@@ -83,20 +143,34 @@ class rule_optimizer final : public placed_optimizer<M> {
  public:
   rule_optimizer(rule_def rule, const OptimizerConfig& cfg, std::int64_t num_train_steps, const M& params,
                  distributed::communicator* comm = nullptr, bool sharded = false)
-      : placed_optimizer<M>(params, comm, sharded), rule_(std::move(rule)), wd_(cfg.weight_decay),
+      : placed_optimizer<M>(params, comm, sharded), rule_(std::move(rule)),
         schedule_(make_lr_schedule(cfg, num_train_steps)) {
     detail::check_rule_placement(rule_.type);
     if (rule_.buffers.size() > 4) throw std::logic_error("rule_optimizer: at most 4 state buffers");
+    if (rule_.groups.empty()) throw std::logic_error("rule_optimizer: a rule needs a group");
     trees_.resize(rule_.buffers.size());
     flats_.resize(rule_.buffers.size());
     for (std::size_t i = 0; i < rule_.buffers.size(); ++i)
       this->allocate(params, trees_[i], flats_[i], "levanter::optim::rule_state");
+    descs_ = leaf_descs(params);
+    for (const auto& d : descs_) {
+      const std::size_t g = rule_.label ? rule_.label(d) : 0;
+      if (g >= rule_.groups.size()) throw std::logic_error("rule_optimizer: a label names no group");
+      group_.push_back(g);
+    }
+    for (const auto& g : rule_.groups) {
+      wd_.push_back(g.weight_decay.value_or(cfg.weight_decay));
+      if (g.peak_lr) {
+        OptimizerConfig own = cfg;
+        own.learning_rate = *g.peak_lr;
+        schedules_.push_back(make_lr_schedule(own, num_train_steps));
+      } else {
+        schedules_.push_back(schedule_);
+      }
+      has_leaf_work_ = has_leaf_work_ || static_cast<bool>(g.leaf);
+    }
     const auto mask = weight_decay_mask(cfg, params);
-    std::size_t i = 0;
-    for_each_leaf_info(params, [&](const leaf_info&, const auto&) {
-      decay_.push_back(cfg.weight_decay > 0 && (!mask || (*mask)[i]));
-      ++i;
-    });
+    for (std::size_t i = 0; i < descs_.size(); ++i) decay_.push_back(wd_[group_[i]] > 0 && (!mask || (*mask)[i]));
   }
 
   std::string_view type_name() const override { return rule_.type; }
@@ -137,6 +211,12 @@ class rule_optimizer final : public placed_optimizer<M> {
   }
   void save_scalars(checkpoint::snapshot& s) const override { s.add_scalar("count", count_); }
   void load_scalars(const checkpoint::reader& r) override { count_ = r.scalar<std::int64_t>("count"); }
+  void check_tensor_parallel() const override {
+    if (has_leaf_work_)
+      throw std::invalid_argument("optimizer.type '" + std::string(rule_.type) +
+                                  "': not supported with tensor parallelism (trainer.model_axis_size > 1): its update "
+                                  "needs each matrix whole on one rank; use model_axis_size: 1 (FSDP and ZeRO-1 work)");
+  }
 
   // The update over `leaves` (whole: p and g attached; sharded: this rank's chunks, from p_flat/g_flat when given,
   // else from the leaves).
@@ -153,6 +233,8 @@ class rule_optimizer final : public placed_optimizer<M> {
       while (c_hi < chunks.size() && chunks[c_hi].flat < sh->hi()) ++c_hi;
     }
     const std::int64_t lo = sh ? sh->lo() : 0;
+    const std::size_t ng = rule_.groups.size();
+    auto group_of = [&](std::size_t ci) { return group_[chunks[ci].leaf]; };
     // One chunk's pointers: sharded state lives in the flat buffers at the chunk's offset in this rank's range.
     auto at = [&](std::size_t ci) {
       const auto& ch = chunks[ci];
@@ -169,54 +251,81 @@ class rule_optimizer final : public placed_optimizer<M> {
       }
       for (std::size_t b = 0; b < rule_.buffers.size(); ++b)
         c.s[b] = sh ? flats_[b].data() + (ch.flat - lo) : trees_leaf(b, ch.leaf) + ch.begin;
+      c.x = scratch_.empty() ? nullptr : scratch_.data() + ch.flat;
       return c;
     };
     auto all_chunks = [&](std::vector<double> part) {
       return sh ? distributed::allgather_doubles(*sh->comm, part) : part;
     };
-    auto total_of = [&](const std::vector<double>& sq) {
-      double rep = 0, spl = 0;
-      for (std::size_t i = 0; i < sq.size(); ++i) (ts && ts->split[chunks[i].leaf] ? spl : rep) += sq[i];
-      if (!ts) return rep;
-      return rep + distributed::allreduce_sum(*ts->group, spl);
+    // Per group: the chunks' values summed in chunk order (a split leaf's over the model group).
+    auto totals = [&](const std::vector<double>& sq) {
+      std::vector<double> rep(ng, 0.0), spl(ng, 0.0);
+      for (std::size_t i = 0; i < sq.size(); ++i) (ts && ts->split[chunks[i].leaf] ? spl : rep)[group_of(i)] += sq[i];
+      if (ts)
+        for (std::size_t g = 0; g < ng; ++g) rep[g] += distributed::allreduce_sum(*ts->group, spl[g]);
+      return rep;
     };
+    auto sum_of = [](const std::vector<double>& v) {
+      double s = 0;
+      for (double x : v) s += x;
+      return s;
+    };
+    // Runs `f(group, chunk)` for this rank's chunks whose group has `has`, in parallel; values in chunk order.
     const std::size_t mine = c_hi - c_lo;
+    auto each_chunk = [&](auto has, auto&& f) {
+      return all_chunks(layout::per_chunk(mine, [&](std::int64_t i) -> double {
+        const std::size_t ci = c_lo + static_cast<std::size_t>(i);
+        const auto& grp = rule_.groups[group_of(ci)];
+        return has(grp) ? f(grp, ci) : 0.0;
+      }));
+    };
     if (!sh) leaf_ptrs_ = state_leaf_pointers();
 
     update_stats stats;
-    const auto gsq = all_chunks(layout::per_chunk(mine, [&](std::int64_t i) {
-      const auto c = at(c_lo + static_cast<std::size_t>(i));
+    const auto gsq = totals(each_chunk([](const rule_group&) { return true; }, [&](const rule_group&, std::size_t ci) {
+      const auto c = at(ci);
       double s = 0;
       for (std::int64_t k = 0; k < c.n; ++k) s += static_cast<double>(c.g[k]) * c.g[k];
       return s;
     }));
-    stats.grad_norm = std::sqrt(total_of(gsq));
+    stats.grad_norm = std::sqrt(ng == 1 ? gsq[0] : sum_of(gsq));
     stats.learning_rate = schedule_(count_);
-    ++count_;
 
-    rule_step st;
-    st.lr = static_cast<float>(stats.learning_rate);
-    st.neg_lr = static_cast<float>(-stats.learning_rate);
-    st.wd = static_cast<float>(wd_);
-    st.t = count_;
-    const bool clip_on = rule_.max_grad_norm && (*rule_.max_grad_norm != 0.0 || rule_.clip_at_zero);
-    st.clip = clip_on && !(static_cast<float>(stats.grad_norm) < static_cast<float>(*rule_.max_grad_norm));
-    st.clip_num = clip_on ? static_cast<float>(*rule_.max_grad_norm) : 1.0f;
-    st.clip_den = static_cast<float>(stats.grad_norm);
-    if (rule_.constants) rule_.constants(st);
-    if (rule_.norm_loop) {
-      const auto nsq = all_chunks(layout::per_chunk(mine, [&](std::int64_t i) {
-        return rule_.norm_loop(st, at(c_lo + static_cast<std::size_t>(i)));
+    std::vector<rule_step> st(ng);
+    for (std::size_t gi = 0; gi < ng; ++gi) {
+      const auto& grp = rule_.groups[gi];
+      auto& s = st[gi];
+      const double lr = schedules_[gi](count_);
+      s.lr = static_cast<float>(lr) * static_cast<float>(grp.lr_factor);
+      s.neg_lr = -s.lr;
+      s.wd = static_cast<float>(wd_[gi]);
+      s.t = count_ + 1;
+      const double norm = std::sqrt(gsq[gi]);
+      const bool clip_on = grp.max_grad_norm && (*grp.max_grad_norm != 0.0 || grp.clip_at_zero);
+      s.clip = clip_on && !(static_cast<float>(norm) < static_cast<float>(*grp.max_grad_norm));
+      s.clip_num = clip_on ? static_cast<float>(*grp.max_grad_norm) : 1.0f;
+      s.clip_den = static_cast<float>(norm);
+      if (grp.constants) grp.constants(s);
+    }
+    ++count_;
+    auto has_norm = [](const rule_group& g) { return g.norm_loop != nullptr; };
+    if (std::any_of(rule_.groups.begin(), rule_.groups.end(), has_norm)) {
+      const auto nsq = totals(each_chunk(has_norm, [&](const rule_group& g, std::size_t ci) {
+        return g.norm_loop(st[group_of(ci)], at(ci));
       }));
-      st.rule_norm = std::sqrt(total_of(nsq));
-      if (rule_.constants) rule_.constants(st);  // again, now with the norm
+      for (std::size_t gi = 0; gi < ng; ++gi)
+        if (has_norm(rule_.groups[gi])) {
+          st[gi].rule_norm = std::sqrt(nsq[gi]);
+          if (rule_.groups[gi].constants) rule_.groups[gi].constants(st[gi]);  // again, now with the norm
+        }
     }
     std::vector<float> leaf_mean(leaves.size(), 0.0f);
-    if (rule_.leaf_loop) {
+    auto has_leaf_loop = [](const rule_group& g) { return g.leaf_loop != nullptr; };
+    if (std::any_of(rule_.groups.begin(), rule_.groups.end(), has_leaf_loop)) {
       // per leaf: the chunks' sums in chunk order (a split leaf's over the model group), over the leaf's size
-      const auto part = all_chunks(layout::per_chunk(mine, [&](std::int64_t i) {
-        return rule_.leaf_loop(st, at(c_lo + static_cast<std::size_t>(i)));
-      }));
+      const auto part = each_chunk(has_leaf_loop, [&](const rule_group& g, std::size_t ci) {
+        return g.leaf_loop(st[group_of(ci)], at(ci));
+      });
       std::vector<double> sum(leaves.size(), 0.0), size(leaves.size(), 0.0);
       for (std::size_t i = 0; i < part.size(); ++i) sum[chunks[i].leaf] += part[i];
       for (std::size_t l = 0; l < leaves.size(); ++l) size[l] = static_cast<double>(leaves[l].n);
@@ -229,13 +338,41 @@ class rule_optimizer final : public placed_optimizer<M> {
       for (std::size_t l = 0; l < leaves.size(); ++l)
         leaf_mean[l] = static_cast<float>(sum[l]) / static_cast<float>(size[l]);
     }
-    const auto usq = all_chunks(layout::per_chunk(mine, [&](std::int64_t i) {
-      auto c = at(c_lo + static_cast<std::size_t>(i));
-      c.leaf_mean = leaf_mean[chunks[c_lo + static_cast<std::size_t>(i)].leaf];
-      return rule_.loop(st, c);
+    if (has_leaf_work_) prepare(leaves, chunks, c_lo, mine, st, at);
+    const auto usq = totals(each_chunk([](const rule_group&) { return true; }, [&](const rule_group& g,
+                                                                                  std::size_t ci) {
+      auto c = at(ci);
+      c.leaf_mean = leaf_mean[chunks[ci].leaf];
+      return g.loop(st[group_of(ci)], c);
     }));
-    stats.update_norm = std::sqrt(total_of(usq));
+    stats.update_norm = std::sqrt(sum_of(usq));
     return stats;
+  }
+
+  // The groups' `prep` over this rank's chunks into the scratch (the whole model's size, at flat offsets), the
+  // scratch gathered from every rank when the state is split, then each group's leaf work on every whole leaf that
+  // this rank updates part of (a leaf that straddles two ranks is computed by both, identically).
+  template <class At>
+  void prepare(const std::vector<layout::leaf_ref>& leaves, const std::vector<layout::chunk>& chunks,
+               std::size_t c_lo, std::size_t mine, const std::vector<rule_step>& st, At&& at) {
+    const auto* sh = this->sh();
+    std::int64_t total = 0;
+    for (const auto& l : leaves) total += l.n;
+    if (static_cast<std::int64_t>(scratch_.size()) != total) scratch_.assign(static_cast<std::size_t>(total), 0.0f);
+    layout::per_chunk(mine, [&](std::int64_t i) -> double {
+      const std::size_t ci = c_lo + static_cast<std::size_t>(i);
+      const std::size_t gi = group_[chunks[ci].leaf];
+      const auto& g = rule_.groups[gi];
+      return g.prep ? g.prep(st[gi], at(ci)) : 0.0;
+    });
+    if (sh && sh->comm->size() > 1) distributed::allgather_ranges(*sh->comm, scratch_.data(), sh->bounds);
+    const std::int64_t lo = sh ? sh->lo() : 0, hi = sh ? sh->hi() : total;
+    std::int64_t off = 0;
+    for (std::size_t l = 0; l < leaves.size(); ++l) {
+      const auto& g = rule_.groups[group_[l]];
+      if (g.leaf && off < hi && off + leaves[l].n > lo) g.leaf(st[group_[l]], descs_[l], scratch_.data() + off);
+      off += leaves[l].n;
+    }
   }
 
   // Replicated state: per buffer, per leaf, the first element.
@@ -248,13 +385,18 @@ class rule_optimizer final : public placed_optimizer<M> {
   float* trees_leaf(std::size_t b, std::size_t leaf) const { return leaf_ptrs_[b][leaf]; }
 
   rule_def rule_;
-  double wd_;
-  lr_schedule schedule_;
+  lr_schedule schedule_;                 // optimizer.learning_rate's (what stats and the tracker report)
+  std::vector<lr_schedule> schedules_;   // per group
+  std::vector<double> wd_;               // per group
+  std::vector<std::size_t> group_;       // per leaf
+  std::vector<leaf_desc> descs_;         // per leaf
+  bool has_leaf_work_ = false;
   std::vector<M> trees_;
   std::vector<distributed::device_copy::flat> flats_;
   std::vector<char> decay_;
   std::int64_t count_ = 0;
   std::vector<std::vector<float*>> leaf_ptrs_;
+  std::vector<float> scratch_;
 };
 
 }  // namespace levanter::optim

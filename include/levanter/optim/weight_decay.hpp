@@ -34,6 +34,11 @@
 
 #include "config.hpp"
 
+namespace haliax::nn {
+template <class In, class Out, class Pre, class T, bool OutFirst>
+struct Linear;  // haliax/nn/linear.hpp
+}  // namespace haliax::nn
+
 namespace levanter::optim {
 
 /// What the optimizer knows about one parameter leaf, beyond its array.
@@ -41,6 +46,13 @@ struct leaf_info {
   std::string path;                       ///< from the root, upstream field names joined by '.'
   std::optional<std::string> class_path;  ///< `<class_name>.<path inside that module>` of the nearest module
   int stacked_depth = 0;                  ///< leading axes that are `haliax::nn::Stacked` layer axes
+  /// Set for the `weight` of a `haliax::nn::Linear`: how many of its axes are inputs and outputs, and whether the
+  /// outputs come first (the rest, leading, are Stacked layer axes). Muon, Scion and Adam-mini group by it.
+  struct linear_weight {
+    int in_axes = 0, out_axes = 0;
+    bool out_first = false;
+  };
+  std::optional<linear_weight> linear;
 };
 
 namespace detail::wd {
@@ -49,6 +61,17 @@ template <class T>
 inline constexpr bool is_stacked_v = false;
 template <auto L, template <class> class B>
 inline constexpr bool is_stacked_v<haliax::nn::Stacked<L, B>> = true;
+
+template <class T>
+struct linear_traits {
+  static constexpr bool value = false;
+};
+template <auto... I, auto... O, class Pre, class T, bool OutFirst>
+struct linear_traits<haliax::nn::Linear<haliax::axes<I...>, haliax::axes<O...>, Pre, T, OutFirst>> {
+  static constexpr bool value = true;
+  static constexpr int in_axes = sizeof...(I), out_axes = sizeof...(O);
+  static constexpr bool out_first = OutFirst;
+};
 
 template <class T>
 concept HasClassName = requires {
@@ -62,10 +85,11 @@ inline std::optional<std::string> join(const std::optional<std::string>& p, cons
 
 // Same order as haliax::tree::for_each_leaf (declaration order; vectors by index; empty optionals skipped).
 template <class M, class F>
-void visit(M& m, const std::string& path, const std::optional<std::string>& cls, int depth, F& f) {
+void visit(M& m, const std::string& path, const std::optional<std::string>& cls, int depth, F& f,
+           std::optional<leaf_info::linear_weight> lin = std::nullopt) {
   using T = std::remove_const_t<M>;
   if constexpr (haliax::is_named_array_v<T>) {
-    f(leaf_info{path, cls, depth}, m);
+    f(leaf_info{path, cls, depth, lin}, m);
   } else if constexpr (haliax::tree::detail::is_optional_v<T>) {
     if (m) visit(*m, path, cls, depth, f);
   } else if constexpr (haliax::tree::detail::is_vector_v<T>) {
@@ -78,7 +102,12 @@ void visit(M& m, const std::string& path, const std::optional<std::string>& cls,
     boost::hana::for_each(boost::hana::accessors<T>(), [&](auto pair) {
       auto& field = boost::hana::second(pair)(m);
       const std::string name = boost::hana::to<const char*>(boost::hana::first(pair));
-      visit(field, haliax::tree::detail::join(path, name), join(here, name), inner, f);
+      std::optional<leaf_info::linear_weight> field_lin;
+      if constexpr (linear_traits<T>::value)
+        if (name == "weight")
+          field_lin = leaf_info::linear_weight{linear_traits<T>::in_axes, linear_traits<T>::out_axes,
+                                               linear_traits<T>::out_first};
+      visit(field, haliax::tree::detail::join(path, name), join(here, name), inner, f, field_lin);
     });
   }
 }

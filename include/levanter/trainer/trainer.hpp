@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,7 @@
 #include <levanter/optim/optimizer.hpp>
 #include <levanter/profiler.hpp>
 #include <levanter/trainer/config.hpp>
+#include <levanter/trainer/layout.hpp>
 #include <levanter/trainer/run.hpp>
 #include <levanter/watch.hpp>
 
@@ -237,134 +239,87 @@ class Trainer {
   /// The checkpoint initial_state loaded, if any.
   const std::optional<std::string>& resumed_from() const { return resumed_from_; }
 
-  /// Trains `state` from state.step to trainer.num_train_steps, taking batches from `batches`.
+  /// Trains `state` from state.step to trainer.num_train_steps, taking batches from `batches`. One step is one
+  /// function of (state, batch) (`step_loop::take_step`); around it run the default hooks, in upstream's order
+  /// (`_add_default_hooks`): metrics and progress, the checkpointer (rank 0 deciding, every rank taking part), then
+  /// the program's hooks; trainer.watch and the profiler wrap the steps they are asked for.
   train_result train(train_state<M>& state, const batch_fn& batches) {
-    const auto& t = cfg_;
-    auto log = run_.logger();
-    const std::int64_t start_step = state.step;
     // trainer.mp's compute dtype: bfloat16 products for the steps and the hooks (evaluation) when this machine runs
     // them (haliax/precision.hpp); parameters, gradients and optimizer state stay f32.
     haliax::matmul_precision_scope precision(matmul_precision_of(cfg_));
-    train_result res;
-    res.run_dir = run_.dir().string();
-    res.parameters = haliax::tree::parameter_count(state.model);
-    res.start_step = start_step;
-    res.resumed_from = resumed_from_;
-    res.steps = start_step;
-    if (start_step >= t.num_train_steps && resumed_from_)
-      log("the checkpoint is already at step " + std::to_string(start_step) + " of " +
-          std::to_string(t.num_train_steps) + "; nothing to train");
-
-    const bool root = comm_.rank() == 0;
-    const int ranks = comm_.size();
-    const int T = plan_.mesh.model;
-    distributed::communicator& data = *data_;  // the ranks that split the batch (all of them without TP)
-    const int drank = data.rank();
-    auto sent = [&] {
-      return comm_.bytes_sent() + (data_owned_ ? data_owned_->bytes_sent() : 0) +
-             (model_group_ ? model_group_->bytes_sent() : 0);
-    };
-    // Rank 0 writes the checkpoints (parameters are whole on every rank; a sharded optimizer gathers its state).
-    std::optional<checkpoint::checkpointer> ckpt;
-    if (root) ckpt.emplace(ck_policy_, checkpoint::checkpointer::clock_fn{}, log);
-    if (ckpt && resumed_from_) ckpt->resumed_at(start_step);
-    const auto* grad_bounds = state.optimizer->shard_bounds();
-    std::vector<float> comm_buf;  // the flat gradient buffer of the reductions, kept between steps
-    // FSDP: this rank keeps only its range of the parameters; state.model holds none of them between steps and is
-    // made whole (every rank taking part) only when a checkpoint, a hook or trainer.watch needs it.
-    // Tensor parallelism: state.model holds this rank's slices during steps, the whole model when made whole.
-    std::optional<distributed::fsdp_params<M>> fs;
-    std::optional<M> local_keep;  // TP without FSDP: the slices, while state.model is whole
-    bool whole = true;            // state.model holds the whole model
-    std::vector<int> dims;
-    if (T > 1) {
-      dims = split_dims(state.model);
-      state.model = slice(state.model, dims);
-      whole = false;
+    step_loop loop(*this, state, batches);
+    for (std::int64_t step = state.step; step < cfg_.num_train_steps; ++step) {
+      loop.profile_begin(step);
+      const auto out = loop.take_step(step);
+      const auto t_hooks = std::chrono::steady_clock::now();
+      loop.log_metrics(step, out);
+      loop.checkpoint(step);
+      loop.run_hooks(step, out);
+      loop.profile_end(step, out, t_hooks);
     }
-    if (plan_.shard_parameters) {
-      if (!grad_bounds)
-        throw config::config_error("trainer.fsdp_axis: sharding the parameters needs the optimizer made by "
-                                   "Trainer::make_optimizer (sharded over the ranks)");
-      fs.emplace(data, *grad_bounds, state.model);
-      state.model = fs->skeleton();
-      whole = false;
-      const std::int64_t all = res.parameters;  // the whole model's (with TP, fs holds one slice of it)
-      std::int64_t most = 0;  // the largest share (AdamW's chunks make them uneven)
-      for (std::size_t q = 0; q + 1 < fs->bounds().size(); ++q)
-        most = std::max(most, fs->bounds()[q + 1] - fs->bounds()[q]);
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "FSDP: each rank keeps at most %lld of the %lld parameters between steps: %.2f MiB of parameters "
-                    "and AdamW moments (one process: %.2f MiB, %.1f%%)",
-                    static_cast<long long>(most), static_cast<long long>(all), double(most) * 12 / 1048576.0,
-                    double(all) * 12 / 1048576.0, 100.0 * double(most) / double(all));
-      log(line);
+    return loop.finish();
+  }
+
+ private:
+  /// What one step produced.
+  struct step_output {
+    double loss = 0;
+    optim::update_stats stats;
+    std::chrono::steady_clock::time_point started;
+    double seconds = 0;          ///< the step, from its first batch to the update done
+    double loading_seconds = 0;  ///< of which waiting for batches
+    std::int64_t batch_size = 0;
+    json watched = json::object();  ///< trainer.watch's metrics
+  };
+
+  /// One call of train(): the parameters' layout, the checkpointer, the meters and what the hooks last did.
+  class step_loop {
+   public:
+    step_loop(Trainer& tr, train_state<M>& state, const batch_fn& batches)
+        : tr_(tr), t_(tr.cfg_), state_(state), batches_(batches), log_(tr.run_.logger()), start_(state.step),
+          root_(tr.comm_.rank() == 0), ranks_(tr.comm_.size()), T_(tr.plan_.mesh.model),
+          layout_(state.model, tr.plan_, *tr.data_, tr.model_group_.get(),
+                  T_ > 1 ? tr.split_dims(state.model) : std::vector<int>{},
+                  [&tr](const M& m) { return tr.slice(m, tr.split_dims(m)); }, state.optimizer->shard_bounds(),
+                  tr.comm_.size()),
+          trk_(tr.run_.tracker()),
+          watch_opts_{t_.watch.include_norms, t_.watch.include_per_parameter_norms, t_.watch.include_histograms,
+                      t_.watch.split_scan_layers},
+          last_run_(tr.hooks_.size(), -1) {
+      res_.run_dir = tr.run_.dir().string();
+      res_.parameters = whole_parameters_;
+      res_.start_step = start_;
+      res_.resumed_from = tr.resumed_from_;
+      res_.steps = start_;
+      if (start_ >= t_.num_train_steps && tr.resumed_from_)
+        log_("the checkpoint is already at step " + std::to_string(start_) + " of " +
+             std::to_string(t_.num_train_steps) + "; nothing to train");
+      // Rank 0 writes the checkpoints (a sharded optimizer gathers its state for it).
+      if (root_) ckpt_.emplace(tr.ck_policy_, checkpoint::checkpointer::clock_fn{}, log_);
+      if (ckpt_ && tr.resumed_from_) ckpt_->resumed_at(start_);
+      if (layout_.fsdp()) log_(layout_.describe(whole_parameters_));
+      meter_.flops_per_token = tr.opts_.flops_per_token;
+      meter_.hardware_flops_per_token = tr.opts_.flops_per_token + tr.opts_.recompute_flops_per_token;
+      meter_.peak_flops = tr.peak_flops_;
+      prof_first_ = std::max<std::int64_t>(t_.profiler_start_step, start_);
+      prof_end_ = std::min<std::int64_t>(prof_first_ + t_.profiler_num_steps, t_.num_train_steps);
+      print_every_ = std::max<std::int64_t>(1, std::min<std::int64_t>(10, t_.num_train_steps / 20));
     }
-    // Every rank takes part in make_whole (collectives over the data and model groups).
-    auto make_whole = [&] {
-      if (whole) return;
-      M w = fs ? fs->whole() : state.model;
-      if (T > 1) {
-        if (!fs) local_keep = std::move(state.model);
-        w = distributed::assemble_model(w, dims, *model_group_);
-      }
-      state.model = std::move(w);
-      whole = true;
-    };
-    auto release = [&] {
-      if (!whole || (!fs && T == 1)) return;
-      if (fs) {
-        state.model = fs->skeleton();
-      } else {
-        state.model = std::move(*local_keep);
-        local_keep.reset();
-      }
-      whole = false;
-    };
-    // A tree of this rank's (sliced) gradients, whole for trainer.watch.
-    auto global = [&](M g) { return T > 1 ? distributed::assemble_model(g, dims, *model_group_) : g; };
-    auto state_files = [&](std::int64_t step) {
-      return checkpoint::train_state_files(state.model, state.optimizer.get(), step, state.training_key,
-                                           data_offset_at(t.train_batch_size, step), run_.resolved_yaml());
-    };
 
-    throughput_meter meter;
-    meter.flops_per_token = opts_.flops_per_token;
-    meter.hardware_flops_per_token = opts_.flops_per_token + opts_.recompute_flops_per_token;
-    meter.peak_flops = peak_flops_;
-    const watch::options watch_opts{t.watch.include_norms, t.watch.include_per_parameter_norms,
-                                    t.watch.include_histograms, t.watch.split_scan_layers};
-    auto watching = [&](const char* target) {
-      const auto& w = t.watch.watch_targets.items;
-      return std::find(w.begin(), w.end(), target) != w.end();
-    };
-    tracker& trk = run_.tracker();
-    profiler prof;
-    const std::int64_t prof_first = std::max<std::int64_t>(t.profiler_start_step, start_step);
-    const std::int64_t prof_end = std::min<std::int64_t>(prof_first + t.profiler_num_steps, t.num_train_steps);
-    double prof_seconds = 0;
-    double hook_seconds = 0;  // the previous step's hooks (eval, checkpoint, exports), logged with this step
-    const auto t_start = std::chrono::steady_clock::now();
-    const std::int64_t print_every = std::max<std::int64_t>(1, std::min<std::int64_t>(10, t.num_train_steps / 20));
-    step_info<M> info;
-    std::vector<std::int64_t> last_run(hooks_.size(), -1);  // the step index each hook last ran at
-
-    for (std::int64_t step = start_step; step < t.num_train_steps; ++step) {
-      if (t.profiler && step == prof_first) prof.start();
-      const auto t0 = std::chrono::steady_clock::now();
-      double loading_seconds = 0;
-      const std::int64_t B = t.train_batch_size.at(step);
-      const std::int64_t local = plan_.local_batch(step);  // this rank's examples: [offset + rank * local, + local)
-      const std::int64_t mb = plan_.micro_batch(step);
+    /// The step: this rank's micro-batches forward and backward, the gradients summed over the data ranks, the
+    /// optimizer update; trainer.watch's summaries around the update when this step is watched (as upstream,
+    /// gradients and parameters as the step found them, updates and optimizer state after it).
+    step_output take_step(std::int64_t step) {
+      step_output out;
+      const auto t0 = out.started = std::chrono::steady_clock::now();
+      out.batch_size = t_.train_batch_size.at(step);
+      const std::int64_t local = tr_.plan_.local_batch(step);  // this rank's examples: [offset + rank * local, + local)
+      const std::int64_t mb = tr_.plan_.micro_batch(step);
       const std::int64_t micro = local / mb;
-      const std::int64_t offset = data_offset_at(t.train_batch_size, step) + drank * local;
-      // Tensor parallelism: the Linear layers sum over the model group while this step's gradients are taken.
-      std::optional<haliax::nn::tensor_parallel_scope> tp_scope;
-      if (T > 1) tp_scope.emplace(tp_ctx_);
+      const int drank = tr_.data_->rank();
+      const std::int64_t offset = data_offset_at(t_.train_batch_size, step) + drank * local;
       const auto step_sent0 = sent();  // comm/gradient_bytes: everything sent from here to the summed gradient
-      const auto step_key = haliax::random::fold_in(state.training_key, static_cast<std::uint32_t>(step));
-
+      const auto step_key = haliax::random::fold_in(state_.training_key, static_cast<std::uint32_t>(step));
       // One micro-batch (the k-th of this rank's): its examples, its dropout key (by the micro-batch's index in the
       // global batch, whichever rank computes it), the loss and the gradient of `model`.
       auto micro_batch = [&](const M& model, std::int64_t k) -> std::pair<M, double> {
@@ -372,237 +327,239 @@ class Trainer {
         std::optional<lm_example> ex;
         {
           haliax::detail::profile::region r([] { return std::string("trainer: load batch"); }, 0.0);
-          ex.emplace(batches(offset + k * mb, mb));  // waits only if the cache has not reached these examples
+          ex.emplace(batches_(offset + k * mb, mb));  // waits only if the cache has not reached these examples
         }
-        loading_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
+        out.loading_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
         forward_options fo;
         fo.inference = false;
         fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(drank * micro + k));
-        fo.checkpointing = opts_.checkpointing;
-        auto [loss, g] = haliax::value_and_grad([&](const M& p) { return loss_(p, *ex, fo); })(model);
+        fo.checkpointing = tr_.opts_.checkpointing;
+        auto [loss, g] = haliax::value_and_grad([&](const M& p) { return tr_.loss_(p, *ex, fo); })(model);
         return {std::move(g), loss.item()};
       };
-      // ---- forward and backward over the micro-batches (gradient accumulation) ----
-      // The micro-batches' gradients and losses are added along distributed::tree_order's tree (left half + right
-      // half), computed left to right with at most log2(micro) partial sums alive. With a power-of-two rank count
-      // every rank's block of micro-batches is a subtree of the tree one process would use over all of them, and
-      // the sum over ranks continues it: the gradients do not depend on the rank count.
-      std::function<std::pair<M, double>(std::int64_t, std::int64_t)> accumulate =
-          [&](std::int64_t first, std::int64_t n) -> std::pair<M, double> {
-        if (n > 1) {
-          auto left = accumulate(first, n / 2);
-          auto right = accumulate(first + n / 2, n - n / 2);
-          haliax::tree::zip_leaves(left.first, right.first,
-                                   [](const std::string&, auto& acc, auto& x) { acc = acc + x; });
-          return {std::move(left.first), left.second + right.second};
-        }
-        return micro_batch(state.model, first);
-      };
+      const bool watch_now = t_.watch.enabled() && step % t_.watch.interval == 0;
       std::optional<M> grads;
       double loss_sum = 0;
-      const bool watch_now = t.watch.enabled() && step % t.watch.interval == 0;
-      if (fs) {
-        // FSDP: one model per step whose layers are gathered as the forward (and the recomputation in backward)
-        // reaches them; every layer's gradient is reduce-scattered into this rank's range as soon as it is
-        // complete, the rest of the parameters' after each micro-batch. Micro-batches add left to right.
-        fs->zero_grads();
-        {
-          M step_model = fs->step_model();
-          for (std::int64_t k = 0; k < micro; ++k) {
-            auto [g, loss] = micro_batch(step_model, k);
-            fs->reduce_rest(g);
-            loss_sum += loss;
-          }
-        }
-        loss_sum = distributed::allreduce_sum(data, loss_sum);
-        const std::int64_t parts = micro * data.size();
-        if (parts > 1)
-          fs->scale_grads(1.0f / float(parts));
-        reduce_bytes_ = sent() - step_sent0;
-        if (watch_now) {
-          if (watching("grads")) grads.emplace(global(fs->whole_grads()));
-          make_whole();
-        }
-      } else {
-        auto [summed, sum] = accumulate(0, micro);
-        grads.emplace(std::move(summed));
-        loss_sum = sum;
+      {
+        // Tensor parallelism: the Linear layers sum over the model group while this step's gradients are taken.
+        std::optional<haliax::nn::tensor_parallel_scope> tp_scope;
+        if (T_ > 1) tp_scope.emplace(tr_.tp_ctx_);
+        std::tie(grads, loss_sum) = layout_.gradients(micro, micro_batch);
       }
-      // ---- the sum over ranks (tree order): whole, or only this rank's range for a sharded optimizer (unless the
-      // gradients are to be watched) ----
-      tp_scope.reset();
-      if (ranks > 1 && !fs) {
-        haliax::detail::profile::region r([] { return std::string("trainer: reduce gradients"); }, 0.0);
-        distributed::reduce_tree(data, *grads, comm_buf, watch_now && watching("grads") ? nullptr : grad_bounds);
-        loss_sum = distributed::allreduce_sum(data, loss_sum);
-        reduce_bytes_ = sent() - step_sent0;
-      }
-      const std::int64_t parts = micro * data.size();
-      if (parts > 1 && !fs)
-        *grads =
-            haliax::tree::map(*grads, [s = 1.0f / float(parts)](const std::string&, const auto& x) { return x * s; });
-      const double loss = loss_sum / double(parts);
-      check_finite(loss, "train/loss", step, t.crash_on_nan, t.crash_on_inf);
+      out.loss = layout_.reduce(grads, loss_sum, micro, watch_now && watching("grads"));
+      tr_.reduce_bytes_ = sent() - step_sent0;
+      check_finite(out.loss, "train/loss", step, t_.crash_on_nan, t_.crash_on_inf);
 
-      // ---- the update, with what trainer.watch asks to see around it (as upstream, gradients and parameters as
-      // the step found them; updates and optimizer state after it) ----
-      json watched = json::object();
       std::optional<M> before;  // for the `updates` target: the parameters before the update
-      std::optional<M> global_grads;  // tensor parallelism: the whole gradient tree for trainer.watch
-      if (watch_now && !fs && T > 1) {
-        if (watching("grads")) global_grads.emplace(global(*grads));
-        make_whole();
-      }
-      if (watch_now) {
-        haliax::detail::profile::region r([] { return std::string("trainer: watch"); }, 0.0);
-        haliax::no_grad_guard ng;
-        const M* wg = global_grads ? &*global_grads : fs ? (grads ? &*grads : nullptr) : &*grads;
-        if (watching("grads") && wg) watch::summarize("grad", *wg, watch_opts, watched, &trk, step);
-        if (watching("params")) watch::summarize("params", state.model, watch_opts, watched, &trk, step);
-        if (watching("updates"))
-          before = haliax::tree::map(state.model, [](const std::string&, const auto& x) { return x * 1.0f; });
-      }
-      optim::update_stats stats;
+      if (watch_now) watch_before(step, grads, out.watched, before);
       {
         haliax::detail::profile::region r([] { return std::string("optimizer update"); }, 0.0);
         const auto sent0 = sent();
-        release();
-        if (fs) {
-          stats = state.optimizer->update_range(fs->params().data(), fs->grads().data(), loss);
-        } else {
-          stats = state.optimizer->update(state.model, *grads, loss);
-        }
-        update_bytes_ = sent() - sent0;
+        out.stats = layout_.update(*state_.optimizer, grads, out.loss);
+        tr_.update_bytes_ = sent() - sent0;
       }
       grads.reset();
-      global_grads.reset();
-      state.step = step + 1;
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (watch_now) {
-        haliax::detail::profile::region r([] { return std::string("trainer: watch"); }, 0.0);
-        haliax::no_grad_guard ng;
-        if (before || watching("opt_state")) make_whole();
-        if (before) {
-          haliax::tree::zip_leaves(*before, state.model,
-                                   [](const std::string&, auto& b, const auto& p) { b = p - b; });
-          watch::summarize("updates", *before, watch_opts, watched, &trk, step);
-          before.reset();
-        }
-        if (watching("opt_state"))
-          state.optimizer->for_each_state_tree([&](const std::string& name, const M& tree) {
-            watch::summarize("opt_state/" + name, tree, watch_opts, watched, &trk, step);
-          }, state.model);
-      }
-      const auto t_hooks = std::chrono::steady_clock::now();
+      state_.step = step + 1;
+      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (watch_now) watch_after(step, before, out.watched);
+      return out;
+    }
 
-      // ---- metrics and progress (upstream's log_step_info and progress bar) ----
-      if (step == start_step) res.first_loss = loss;
-      res.final_loss = loss;
-      res.steps = step + 1;
-      json metrics = {{"train/loss", loss},
+    /// Default hook: the step's metrics to the tracker and, every few steps, the progress line (upstream's
+    /// log_step_info and progress bar).
+    void log_metrics(std::int64_t step, const step_output& out) {
+      if (step == start_) res_.first_loss = out.loss;
+      res_.final_loss = out.loss;
+      res_.steps = step + 1;
+      json metrics = {{"train/loss", out.loss},
                       {"global_step", step},
-                      {"optim/learning_rate", stats.learning_rate},
-                      {"optim/grad_norm", stats.grad_norm},
-                      {"run_progress", double(step) / double(t.num_train_steps)}};
-      if (stats.skipped) metrics["optim/skipped_step"] = 1;
-      const json perf = meter.on_step(B * opts_.tokens_per_example, B, secs);
+                      {"optim/learning_rate", out.stats.learning_rate},
+                      {"optim/grad_norm", out.stats.grad_norm},
+                      {"run_progress", double(step) / double(t_.num_train_steps)}};
+      if (out.stats.skipped) metrics["optim/skipped_step"] = 1;
+      const std::int64_t tokens = out.batch_size * tr_.opts_.tokens_per_example;
+      const json perf = meter_.on_step(tokens, out.batch_size, out.seconds);
       for (const auto& el : perf.items()) metrics[el.key()] = el.value();
-      metrics["throughput/loading_time"] = loading_seconds;
-      metrics["throughput/hook_time"] = hook_seconds;
-      if (ranks > 1) {
-        metrics["comm/gradient_bytes"] = reduce_bytes_;
-        metrics["comm/optimizer_bytes"] = update_bytes_;
+      metrics["throughput/loading_time"] = out.loading_seconds;
+      metrics["throughput/hook_time"] = hook_seconds_;
+      if (ranks_ > 1) {
+        metrics["comm/gradient_bytes"] = tr_.reduce_bytes_;
+        metrics["comm/optimizer_bytes"] = tr_.update_bytes_;
       }
-      for (const auto& el : watched.items()) metrics[el.key()] = el.value();
+      for (const auto& el : out.watched.items()) metrics[el.key()] = el.value();
       {
         haliax::detail::profile::region r([] { return std::string("trainer: log metrics"); }, 0.0);
-        trk.log(metrics, step);
+        trk_.log(metrics, step);
       }
-      if ((step + 1) % print_every == 0 || step == 0 || step + 1 == t.num_train_steps) {
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        const double eta = elapsed / double(step + 1 - start_step) * double(t.num_train_steps - step - 1);
-        run_.say(progress_line(step + 1, t.num_train_steps, loss, stats.learning_rate,
-                               metrics["throughput/tokens_per_second"].template get<double>(),
-                               metrics["throughput/mfu"].template get<double>(), eta));
+      if ((step + 1) % print_every_ == 0 || step == 0 || step + 1 == t_.num_train_steps) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+        const double eta = elapsed / double(step + 1 - start_) * double(t_.num_train_steps - step - 1);
+        tr_.run_.say(progress_line(step + 1, t_.num_train_steps, out.loss, out.stats.learning_rate,
+                                   metrics["throughput/tokens_per_second"].template get<double>(),
+                                   metrics["throughput/mfu"].template get<double>(), eta));
       }
+    }
 
-      // ---- checkpoint (the last step is always saved), then the hooks ----
-      const bool last = step + 1 == t.num_train_steps;
-      if (ranks == 1) {
-        ckpt->on_step(step + 1, [&] { return state_files(step + 1); }, last);
+    /// Default hook: the checkpointer's policy (the last step is always saved). Over several ranks rank 0 decides
+    /// (the policy is time-based) and broadcasts it; every rank takes part in gathering the whole model and a
+    /// sharded or sliced optimizer's state while rank 0 builds its snapshot.
+    void checkpoint(std::int64_t step) {
+      const bool last = step + 1 == t_.num_train_steps;
+      if (ranks_ == 1) {
+        ckpt_->on_step(step + 1, [&] { return state_files(step + 1); }, last);
+        return;
+      }
+      bool saving = false;
+      if (root_) {
+        ckpt_->on_step(step + 1, [&] {
+          saving = true;
+          distributed::broadcast_flag(tr_.comm_, true);
+          layout_.whole();
+          return state_files(step + 1);
+        }, last);
+        if (!saving) distributed::broadcast_flag(tr_.comm_, false);
+      } else if (distributed::broadcast_flag(tr_.comm_, false) && layout_.split()) {
+        checkpoint::snapshot unused;
+        state_.optimizer->save_state(unused, layout_.whole());
+      }
+    }
+
+    /// The program's hooks due after this step (on rank 0 unless a hook runs on every rank), with the whole model
+    /// and the model average when there is one (upstream's eval_model).
+    void run_hooks(std::int64_t step, const step_output& out) {
+      bool due = false;
+      for (const auto& h : tr_.hooks_) due = due || (h.every > 0 && step % h.every == 0);
+      if (due) {
+        const M& whole = layout_.whole();
+        std::optional<M> averaged;  // every rank takes part
+        if (state_.optimizer->averages()) averaged.emplace(state_.optimizer->averaged_model(whole));
+        info_ = step_info<M>{step,     step + 1,         t_.num_train_steps, out.loss, out.stats.learning_rate,
+                             out.seconds, out.batch_size * tr_.opts_.tokens_per_example, &whole, &state_};
+        info_.eval_model = averaged ? &*averaged : &whole;
+        for (std::size_t h = 0; h < tr_.hooks_.size(); ++h)
+          if (tr_.hooks_[h].every > 0 && step % tr_.hooks_[h].every == 0) {
+            if (root_ || tr_.hooks_[h].all_ranks) tr_.hooks_[h].fn(info_);
+            last_run_[h] = step;
+          }
       } else {
-        // Rank 0 decides (the policy is time-based) and says so; a sharded optimizer's state is gathered from
-        // every rank while rank 0 builds its snapshot.
-        bool saving = false;
-        if (root) {
-          ckpt->on_step(step + 1, [&] {
-            saving = true;
-            distributed::broadcast_flag(comm_, true);
-            make_whole();
-            return state_files(step + 1);
-          }, last);
-          if (!saving) distributed::broadcast_flag(comm_, false);
-        } else if (distributed::broadcast_flag(comm_, false) && (grad_bounds || T > 1)) {
-          make_whole();
-          checkpoint::snapshot unused;
-          state.optimizer->save_state(unused, state.model);
-        }
+        info_ = step_info<M>{step,     step + 1,         t_.num_train_steps, out.loss, out.stats.learning_rate,
+                             out.seconds, out.batch_size * tr_.opts_.tokens_per_example, &state_.model, &state_};
       }
-      bool hook_due = false;
-      for (const auto& h : hooks_) hook_due = hook_due || (h.every > 0 && step % h.every == 0);
-      if (hook_due && (fs || T > 1)) make_whole();
-      std::optional<M> averaged;  // the model average, whole, for the hooks (every rank takes part)
-      if (hook_due && state.optimizer->averages()) averaged.emplace(state.optimizer->averaged_model(state.model));
-      info = step_info<M>{step,          step + 1,        t.num_train_steps, loss, stats.learning_rate, secs,
-                          B * opts_.tokens_per_example, &state.model,      &state};
-      info.eval_model = averaged ? &*averaged : &state.model;
-      for (std::size_t h = 0; h < hooks_.size(); ++h)
-        if (hooks_[h].every > 0 && step % hooks_[h].every == 0) {
-          if (root || hooks_[h].all_ranks) hooks_[h].fn(info);
-          last_run[h] = step;
-        }
-      release();
+      layout_.release();
+    }
+
+    /// Default hook: trainer.profiler over [profiler_start_step, + profiler_num_steps).
+    void profile_begin(std::int64_t step) {
+      if (t_.profiler && step == prof_first_) prof_.start();
+    }
+    void profile_end(std::int64_t step, const step_output& out, std::chrono::steady_clock::time_point t_hooks) {
       const auto t_end = std::chrono::steady_clock::now();
-      hook_seconds = std::chrono::duration<double>(t_end - t_hooks).count();
-      if (prof.running()) {
-        prof_seconds += std::chrono::duration<double>(t_end - t0).count();
-        if (step + 1 == prof_end) {
-          prof.stop();
-          if (root) prof.write(run_.dir(), prof_first, prof_end - prof_first, prof_seconds);
-          log("profile of steps " + std::to_string(prof_first) + ".." + std::to_string(prof_end - 1) + " in " +
-              (run_.dir() / "profile.txt").string());
-        }
+      hook_seconds_ = std::chrono::duration<double>(t_end - t_hooks).count();
+      if (!prof_.running()) return;
+      prof_seconds_ += std::chrono::duration<double>(t_end - out.started).count();
+      if (step + 1 == prof_end_) {
+        prof_.stop();
+        if (root_) prof_.write(tr_.run_.dir(), prof_first_, prof_end_ - prof_first_, prof_seconds_);
+        log_("profile of steps " + std::to_string(prof_first_) + ".." + std::to_string(prof_end_ - 1) + " in " +
+             (tr_.run_.dir() / "profile.txt").string());
       }
     }
-    if (prof.running()) prof.stop();
 
-    // Upstream forces every hook once more after the last step (final evaluation, final export). The caller gets
-    // the whole model back.
-    make_whole();
-    if (res.steps == start_step) {  // nothing trained (the checkpoint was already at the end)
-      info = step_info<M>{state.step - 1, state.step, t.num_train_steps, std::nan(""),
-                          state.optimizer->next_learning_rate(), 0.0, 0, &state.model, &state};
+    /// After the last step: every `at_end` hook that did not just run (upstream forces them once more: the final
+    /// evaluation and export), the last checkpoint committed on every rank, and the whole model left in state.model
+    /// for the caller.
+    train_result finish() {
+      if (prof_.running()) prof_.stop();
+      const M& whole = layout_.whole();
+      if (res_.steps == start_)  // nothing trained (the checkpoint was already at the end)
+        info_ = step_info<M>{state_.step - 1, state_.step, t_.num_train_steps, std::nan(""),
+                             state_.optimizer->next_learning_rate(), 0.0, 0, &whole, &state_};
+      std::optional<M> averaged;
+      if (state_.optimizer->averages()) averaged.emplace(state_.optimizer->averaged_model(whole));
+      info_.model = &whole;
+      info_.state = &state_;
+      info_.eval_model = averaged ? &*averaged : &whole;
+      for (std::size_t h = 0; h < tr_.hooks_.size(); ++h)
+        if (tr_.hooks_[h].at_end && last_run_[h] != info_.step && (root_ || tr_.hooks_[h].all_ranks))
+          tr_.hooks_[h].fn(info_);
+      if (ckpt_) ckpt_->wait();
+      tr_.comm_.barrier();  // no rank leaves before the last checkpoint is committed (a failed rank ended the job)
+      if (res_.steps > start_)  // the last step is always saved
+        res_.last_checkpoint = (tr_.ck_policy_.base_path / ("step-" + std::to_string(res_.steps))).string();
+      else if (tr_.resumed_from_)
+        res_.last_checkpoint = tr_.resumed_from_;
+      res_.tokens = meter_.total_tokens;
+      res_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+      return res_;
     }
-    std::optional<M> averaged;
-    if (state.optimizer->averages()) averaged.emplace(state.optimizer->averaged_model(state.model));
-    info.model = &state.model;
-    info.state = &state;
-    info.eval_model = averaged ? &*averaged : &state.model;
-    for (std::size_t h = 0; h < hooks_.size(); ++h)
-      if (hooks_[h].at_end && last_run[h] != info.step && (root || hooks_[h].all_ranks)) hooks_[h].fn(info);
-    if (ckpt) ckpt->wait();
-    // No rank leaves before the last checkpoint is committed (a rank that failed has ended the job).
-    comm_.barrier();
-    if (res.steps > start_step)  // the last step is always saved
-      res.last_checkpoint = (ck_policy_.base_path / ("step-" + std::to_string(res.steps))).string();
-    else if (resumed_from_)
-      res.last_checkpoint = resumed_from_;
-    res.tokens = meter.total_tokens;
-    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    return res;
-  }
 
- private:
+   private:
+    std::uint64_t sent() const {
+      return tr_.comm_.bytes_sent() + (tr_.data_owned_ ? tr_.data_owned_->bytes_sent() : 0) +
+             (tr_.model_group_ ? tr_.model_group_->bytes_sent() : 0);
+    }
+    bool watching(const char* target) const {
+      const auto& w = t_.watch.watch_targets.items;
+      return std::find(w.begin(), w.end(), target) != w.end();
+    }
+    std::vector<checkpoint::named_file> state_files(std::int64_t step) {
+      return checkpoint::train_state_files(state_.model, state_.optimizer.get(), step, state_.training_key,
+                                           data_offset_at(t_.train_batch_size, step), tr_.run_.resolved_yaml());
+    }
+    // trainer.watch before the update: the gradients and the parameters as the step found them (whole).
+    void watch_before(std::int64_t step, const std::optional<M>& grads, json& watched, std::optional<M>& before) {
+      std::optional<M> whole_grads;  // gathered from the ranges or slices
+      if (watching("grads") && (layout_.fsdp() || T_ > 1)) whole_grads.emplace(layout_.watched_grads(grads));
+      const M& model = layout_.whole();
+      haliax::detail::profile::region r([] { return std::string("trainer: watch"); }, 0.0);
+      haliax::no_grad_guard ng;
+      const M* wg = whole_grads ? &*whole_grads : grads ? &*grads : nullptr;
+      if (watching("grads") && wg) watch::summarize("grad", *wg, watch_opts_, watched, &trk_, step);
+      if (watching("params")) watch::summarize("params", model, watch_opts_, watched, &trk_, step);
+      if (watching("updates"))
+        before = haliax::tree::map(model, [](const std::string&, const auto& x) { return x * 1.0f; });
+    }
+    // trainer.watch after it: the update (parameters after minus before) and the optimizer state.
+    void watch_after(std::int64_t step, std::optional<M>& before, json& watched) {
+      haliax::detail::profile::region r([] { return std::string("trainer: watch"); }, 0.0);
+      haliax::no_grad_guard ng;
+      if (!before && !watching("opt_state")) return;
+      M& model = layout_.whole();
+      if (before) {
+        haliax::tree::zip_leaves(*before, model, [](const std::string&, auto& b, const auto& p) { b = p - b; });
+        watch::summarize("updates", *before, watch_opts_, watched, &trk_, step);
+        before.reset();
+      }
+      if (watching("opt_state"))
+        state_.optimizer->for_each_state_tree([&](const std::string& name, const M& tree) {
+          watch::summarize("opt_state/" + name, tree, watch_opts_, watched, &trk_, step);
+        }, model);
+    }
+
+    Trainer& tr_;
+    const TrainerConfig& t_;
+    train_state<M>& state_;
+    const batch_fn& batches_;
+    std::function<void(const std::string&)> log_;
+    const std::int64_t start_;
+    const bool root_;
+    const int ranks_, T_;
+    std::int64_t whole_parameters_ = haliax::tree::parameter_count(state_.model);  // before the layout slices it
+    trainer::param_layout<M> layout_;
+    tracker& trk_;
+    const watch::options watch_opts_;
+    std::vector<std::int64_t> last_run_;  // the step index each hook last ran at
+    train_result res_;
+    std::optional<checkpoint::checkpointer> ckpt_;
+    throughput_meter meter_;
+    profiler prof_;
+    std::int64_t prof_first_ = 0, prof_end_ = 0, print_every_ = 1;
+    double prof_seconds_ = 0;
+    double hook_seconds_ = 0;  // the previous step's hooks (eval, checkpoint, exports), logged with this step
+    step_info<M> info_;
+    const std::chrono::steady_clock::time_point t_start_ = std::chrono::steady_clock::now();
+  };
+
   // trainer.model_averaging as the optimizer keeps it.
   optim::model_averaging averaging() const {
     optim::model_averaging m;
