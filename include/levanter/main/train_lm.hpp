@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -54,20 +55,97 @@ std::string describe_run(std::string_view model_type, std::int64_t parameters, s
                          const data::lm_data& data, std::int64_t seq_len);
 }  // namespace detail
 
-/// One run of `train_lm` with model type `M` and its config `mc` (the `model:` section, possibly replaced by an
-/// HF config.json with use_hf_model_config). `hooks` run with the program's own (after evaluation). Throws
-/// config::config_error, data::data_error, checkpoint::error, hf::error or training_error with a message for the
-/// user.
-template <LmModel M>
-train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, const std::string& resolved_yaml,
-                          std::ostream& out, const std::vector<hook<M>>& hooks = {}) {
-  namespace fs = std::filesystem;
-  const auto& t = cfg.trainer;
+namespace detail {
 
-  // A Hugging Face model to start from: its config.json may also give the model config.
+/// What one `train_lm` run is made of, built in this order: the model config (replaced by a Hugging Face
+/// config.json with use_hf_model_config), the run directory and trackers, the data, the Trainer with the model and
+/// its optimizer, and the state to train from (resumed, or initialised from a checkpoint or Hugging Face).
+template <LmModel M>
+struct train_lm_run {
+  using config_type = typename M::config_type;
+
+  train_lm_run(const TrainLmConfig& c, config_type model_config, const std::string& resolved_yaml, std::ostream& out)
+      : cfg(c), mc(std::move(model_config)), recorded_yaml(resolved_yaml) {
+    const auto& t = cfg.trainer;
+    start_from_hf();
+    run.emplace(t, recorded_yaml, out, "train_lm");
+    log = run->logger();
+
+    // Keys as upstream: data, loader, model, training.
+    auto keys = haliax::random::split(haliax::random::make_key(static_cast<std::uint64_t>(t.seed)), 4);
+    const auto data_key =
+        cfg.data_seed ? haliax::random::make_key(static_cast<std::uint64_t>(*cfg.data_seed)) : keys[0];
+    const auto model_key = keys[2];
+    const auto training_key = keys[3];
+
+    // Data: the tokenizer, a cache per dataset and split (built in the background the first time), the order.
+    data::lm_data::options dopt;
+    dopt.seq_len = mc.seq_len;
+    dopt.batch_size = t.train_batch_size.at(0);
+    dopt.data_key = data_key;
+    dopt.log = log;
+    data.emplace(cfg.data, dopt);
+    const data::tokenizer& tok = data->tok();
+    vocab = hf_init ? hf_init->vocab_size : cfg.data.vocab_size.value_or(tok.vocab_size());
+    if (vocab < tok.vocab_size())
+      throw config::config_error(std::string(hf_init ? "initialize_from_hf: the checkpoint's vocabulary ("
+                                                     : "data.vocab_size (") +
+                                 std::to_string(vocab) + " tokens) is smaller than the tokenizer's (" +
+                                 std::to_string(tok.vocab_size()) + ", " + tok.name() + ")");
+    // EOS marks document boundaries (segment ids); -1 when the tokenizer has none (passthrough).
+    eos = tok.eos_id() ? *tok.eos_id() : -1;
+
+    // Before anything is allocated: a model too large for this machine is a config error, not an allocation failure.
+    check_model_fits(mc.parameter_count(vocab), distributed::world().size(),
+                     "model (type " + std::string(config_type::type_name) + ")");
+
+    // The model, its optimizer, and the Trainer that resumes them.
+    const double z_loss = cfg.z_loss_weight;
+    trainer.emplace(
+        t, *run,
+        [this, z_loss](const M& m, const lm_example& ex, const forward_options& fo) {
+          return compute_next_token_loss(m, mc, ex, z_loss, fo);
+        },
+        trainer_options{3.0 * mc.flops_per_token(vocab), static_cast<std::int64_t>(mc.seq_len),
+                        checkpoint_policy_of(mc), matmul_shapes_of(mc, vocab), recomputed_flops_per_token(mc, vocab)});
+    M fresh = M::init(mc, vocab, model_key);
+    auto opt = trainer->make_optimizer(cfg.optimizer, fresh);
+    state = trainer->initial_state(std::move(fresh), std::move(opt), training_key);
+    if (!trainer->resumed_from()) initialize_model();
+    if (!run->id_given())
+      log("to resume this run after an interruption, run it again with --trainer.id " + run->id());
+  }
+  train_lm_run(const train_lm_run&) = delete;  // the Trainer's loss refers to this->mc
+
+  /// Logs the run's metadata and hyperparameters and the lines that describe it (rank 0 writes the files).
+  void announce() {
+    const json metadata = run_metadata();
+    if (run->writer()) io::write_file_atomic(run->dir() / "run_metadata.json", metadata.dump(2) + "\n");
+    json hparams = config_to_json(recorded_yaml);
+    hparams["run_metadata"] = metadata;
+    run->tracker().log_hyperparameters(hparams);
+    log("run " + run->id() + " -> " + run->dir().string());
+    log(detail::describe_run(model_type_name(mc), haliax::tree::parameter_count(state.model), vocab, *data,
+                             mc.seq_len));
+  }
+
+  const TrainLmConfig& cfg;
+  config_type mc;
+  std::string recorded_yaml;  ///< what the run directory and checkpoints record
   std::optional<hf::hf_dir> hf_init;
-  std::string recorded_yaml = resolved_yaml;
-  if (const auto* hf_path = std::get_if<std::string>(&cfg.initialize_from_hf)) {
+  std::optional<run_context> run;
+  std::function<void(const std::string&)> log;
+  std::optional<data::lm_data> data;
+  std::int64_t vocab = 0, eos = -1;
+  std::optional<Trainer<M>> trainer;
+  train_state<M> state;
+  std::optional<double> eval_loss;  ///< the last evaluation's, set by the evaluation hook
+
+ private:
+  // A Hugging Face model to start from: its config.json may also give the model config.
+  void start_from_hf() {
+    const auto* hf_path = std::get_if<std::string>(&cfg.initialize_from_hf);
+    if (!hf_path) return;
     if constexpr (hf::HfConvertible<M>) {
       hf_init.emplace(hf::open_dir(*hf_path, "initialize_from_hf"));
       if (cfg.use_hf_model_config) {
@@ -81,58 +159,15 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
         hf::check_matches<M>(mc, *hf_init, "initialize_from_hf '" + *hf_path + "'");
       }
     } else {
-      throw config::config_error("initialize_from_hf: model type '" + std::string(M::config_type::type_name) +
+      throw config::config_error("initialize_from_hf: model type '" + std::string(config_type::type_name) +
                                  "' has no Hugging Face adapter");
     }
   }
-
-  run_context run(t, recorded_yaml, out, "train_lm");
-  auto log = run.logger();
-
-  // Keys as upstream: data, loader, model, training.
-  auto keys = haliax::random::split(haliax::random::make_key(static_cast<std::uint64_t>(t.seed)), 4);
-  const auto data_key = cfg.data_seed ? haliax::random::make_key(static_cast<std::uint64_t>(*cfg.data_seed)) : keys[0];
-  const auto model_key = keys[2];
-  const auto training_key = keys[3];
-
-  // Data: the tokenizer, a cache per dataset and split (built in the background the first time), the order.
-  data::lm_data::options dopt;
-  dopt.seq_len = mc.seq_len;
-  dopt.batch_size = t.train_batch_size.at(0);
-  dopt.data_key = data_key;
-  dopt.log = log;
-  const data::lm_data data(cfg.data, dopt);
-  const data::tokenizer& tok = data.tok();
-  const std::int64_t vocab = hf_init ? hf_init->vocab_size : cfg.data.vocab_size.value_or(tok.vocab_size());
-  if (vocab < tok.vocab_size())
-    throw config::config_error(std::string(hf_init ? "initialize_from_hf: the checkpoint's vocabulary ("
-                                                   : "data.vocab_size (") +
-                               std::to_string(vocab) + " tokens) is smaller than the tokenizer's (" +
-                               std::to_string(tok.vocab_size()) + ", " + tok.name() + ")");
-  // EOS marks document boundaries (segment ids); -1 when the tokenizer has none (passthrough).
-  const std::int64_t eos = tok.eos_id() ? *tok.eos_id() : -1;
-  const auto ignore = cfg.data.ignore_token_id;
-
-  // Before anything is allocated: a model too large for this machine is a config error, not an allocation failure.
-  check_model_fits(mc.parameter_count(vocab), distributed::world().size(),
-                   "model (type " + std::string(M::config_type::type_name) + ")");
-
-  // The model, its optimizer, and the Trainer that resumes them.
-  const double z_loss = cfg.z_loss_weight;
-  Trainer<M> trainer(
-      t, run,
-      [&mc, z_loss](const M& m, const lm_example& ex, const forward_options& fo) {
-        return compute_next_token_loss(m, mc, ex, z_loss, fo);
-      },
-      trainer_options{3.0 * mc.flops_per_token(vocab), static_cast<std::int64_t>(mc.seq_len),
-                      checkpoint_policy_of(mc), matmul_shapes_of(mc, vocab), recomputed_flops_per_token(mc, vocab)});
-  M fresh = M::init(mc, vocab, model_key);
-  auto opt = trainer.make_optimizer(cfg.optimizer, fresh);
-  train_state<M> state = trainer.initial_state(std::move(fresh), std::move(opt), training_key);
-  if (!trainer.resumed_from()) {
+  // A fresh run's model from initialize_from_checkpoint_path or the Hugging Face checkpoint.
+  void initialize_model() {
     if (cfg.initialize_from_checkpoint_path) {
       auto load_model = [&](const checkpoint::checkpoint_info& c) {
-        auto l = checkpoint::load_train_state<M>(c, state.model, nullptr, t.allow_partial_checkpoint);
+        auto l = checkpoint::load_train_state<M>(c, state.model, nullptr, cfg.trainer.allow_partial_checkpoint);
         log("model initialised from " + c.path.string() + " (step " + std::to_string(l.step) + ")");
       };
       if (checkpoint::resume_newest(*cfg.initialize_from_checkpoint_path, load_model, log) ==
@@ -144,38 +179,37 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
       log("model initialised from the Hugging Face checkpoint " + hf_init->dir);
     }
   }
-  if (!run.id_given()) log("to resume this run after an interruption, run it again with --trainer.id " + run.id());
+};
 
-  const json metadata = run_metadata();
-  if (run.writer()) io::write_file_atomic(run.dir() / "run_metadata.json", metadata.dump(2) + "\n");
-  {
-    json hparams = config_to_json(recorded_yaml);
-    hparams["run_metadata"] = metadata;
-    run.tracker().log_hyperparameters(hparams);
-  }
-  log("run " + run.id() + " -> " + run.dir().string());
-  log(detail::describe_run(model_type_name(mc), haliax::tree::parameter_count(state.model), vocab, data,
-                           mc.seq_len));
-
-  // Evaluation every steps_per_eval steps and at the end (upstream's TaggedEvaluator hook).
-  std::optional<double> eval_loss;
-  if (!data.validation_sets().empty()) {
+/// train_lm's hooks on the Trainer: evaluation every steps_per_eval steps and at the end (upstream's
+/// TaggedEvaluator; with trainer.model_averaging the average too, under eval/ema/), Hugging Face exports every
+/// hf_save_steps (of the average when there is one), the heatmap every viz.every steps; then the caller's `hooks`.
+template <LmModel M>
+void add_train_lm_hooks(train_lm_run<M>& r, const std::vector<hook<M>>& hooks) {
+  namespace fs = std::filesystem;
+  const auto& cfg = r.cfg;
+  const auto& t = cfg.trainer;
+  auto& trainer = *r.trainer;
+  auto& run = *r.run;
+  const data::tokenizer& tok = r.data->tok();
+  const auto& mc = r.mc;
+  if (!r.data->validation_sets().empty()) {
     const std::int64_t eval_batch = t.per_device_eval_parallelism > 0 ? t.per_device_eval_parallelism
                                     : t.per_device_parallelism > 0    ? t.per_device_parallelism
                                                                       : t.train_batch_size.at(0);
-    const eval::options eo{eval_batch, t.max_eval_batches.value_or(0), eos, ignore};
-    trainer.add_hook(t.steps_per_eval, [&, eo](const step_info<M>& info) {
+    const eval::options eo{eval_batch, t.max_eval_batches.value_or(0), r.eos, cfg.data.ignore_token_id};
+    trainer.add_hook(t.steps_per_eval, [&r, &run, &tok, &mc, eo](const step_info<M>& info) {
       haliax::no_grad_guard ng;
-      const auto r = eval::evaluate_tagged(data.validation_sets(), eo, tok, [&](const lm_example& ex) {
+      const auto& sets = r.data->validation_sets();
+      const auto res = eval::evaluate_tagged(sets, eo, tok, [&](const lm_example& ex) {
         return compute_next_token_loss(*info.model, mc, ex).item();
       });
-      if (!r.loss) return;
-      run.tracker().log(r.metrics, info.step);
-      run.say("eval step " + std::to_string(info.step) + "  " + r.line);
-      eval_loss = r.loss;
-      // With trainer.model_averaging, the average too, under eval/ema/ (upstream's eval_current and eval_ema).
+      if (!res.loss) return;
+      run.tracker().log(res.metrics, info.step);
+      run.say("eval step " + std::to_string(info.step) + "  " + res.line);
+      r.eval_loss = res.loss;
       if (info.eval_model && info.eval_model != info.model) {
-        const auto a = eval::evaluate_tagged(data.validation_sets(), eo, tok, [&](const lm_example& ex) {
+        const auto a = eval::evaluate_tagged(sets, eo, tok, [&](const lm_example& ex) {
           return compute_next_token_loss(*info.eval_model, mc, ex).item();
         });
         json renamed = json::object();
@@ -189,18 +223,17 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
     });
   }
 
-  // Hugging Face exports every hf_save_steps steps and at the end (upstream's save_hf_checkpoint_callback: not
-  // after the first step; `<hf_save_path>/<run id>/step-<info.step>`).
+  // upstream's save_hf_checkpoint_callback: not after the first step; `<hf_save_path>/<run id>/step-<info.step>`
   if (cfg.hf_save_path) {
     if constexpr (hf::HfConvertible<M>) {
       const fs::path base = fs::path(*cfg.hf_save_path) / run.id();
       const auto dtype = hf::dtype_from_config(cfg.hf_save_dtype);
       const hf::token_ids ids{tok.bos_id(), tok.eos_id()};
-      trainer.add_hook(cfg.hf_save_steps, [&, base, dtype, ids](const step_info<M>& info) {
+      trainer.add_hook(cfg.hf_save_steps, [&r, base, dtype, ids](const step_info<M>& info) {
         if (info.step == 0) return;
         const auto dir = base / ("step-" + std::to_string(info.step));
-        hf::save(info.eval_model ? *info.eval_model : *info.model, mc, vocab, dir.string(), ids, dtype);
-        log("exported a Hugging Face checkpoint to " + dir.string());
+        hf::save(info.eval_model ? *info.eval_model : *info.model, r.mc, r.vocab, dir.string(), ids, dtype);
+        r.log("exported a Hugging Face checkpoint to " + dir.string());
       });
     } else {
       throw config::config_error("hf_save_path: model type '" + std::string(M::config_type::type_name) +
@@ -208,33 +241,24 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
     }
   }
 
-  // The token-probability heatmap, refreshed every viz.every steps and at the end.
   if (cfg.viz.every > 0) {
-    const auto docs = detail::train_viz_documents(data, cfg.viz, mc.seq_len);
+    const auto docs = detail::train_viz_documents(*r.data, cfg.viz, mc.seq_len);
     const std::string path = cfg.viz.path ? *cfg.viz.path : (run.dir() / "logprobs.html").string();
     viz::page_info info;
     info.model_name = "run " + run.id();
-    info.eos_id = eos;
+    info.eos_id = r.eos;
     const auto text = detail::token_text_of(tok);
-    trainer.add_hook(cfg.viz.every, [&, docs, path, info, text](const step_info<M>& s) {
+    trainer.add_hook(cfg.viz.every, [&mc, docs, path, info, text](const step_info<M>& s) {
       viz::write_logprobs_for_model(*s.model, mc, docs, text, path, s.next_step, info);
     });
   }
   for (const auto& h : hooks) trainer.add_hook(h);
+}
 
-  if (trainer.comm().size() > 1) {
-    log(trainer.plan().describe() + " (" + trainer.comm().backend() + ")");
-    for (const auto& n : trainer.plan().notes) log("note: " + n);
-  }
-  log("OpenBLAS core " + openblas_core() + ", " + std::to_string(haliax::num_threads()) +
-      " threads" + (trainer.comm().size() > 1 ? " per rank" : "") + "; MFU is over the GEMM rate measured on this "
-      "model's products in the step's precision: " + std::to_string(static_cast<long long>(trainer.peak_flops() / 1e9)) +
-      " GFLOP/s" + (trainer.comm().size() > 1 ? " (all ranks)" : ""));
-  const std::int64_t seq_len = mc.seq_len;
-  auto res = trainer.train(state, [&](std::int64_t first, std::int64_t count) {
-    return detail::training_batch(data, first, count, seq_len, eos, ignore);
-  });
-
+/// The end of a run: summary.json, the trackers' summary, the closing line.
+template <LmModel M>
+void write_summary(train_lm_run<M>& r, train_result& res) {
+  auto& run = *r.run;
   json summary = {{"run_id", run.id()},
                   {"steps", res.steps},
                   {"parameters", res.parameters},
@@ -245,18 +269,48 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
                   {"tokens_per_second", res.seconds > 0 ? double(res.tokens) / res.seconds : 0.0},
                   {"openblas_core", openblas_core()},
                   {"threads", haliax::num_threads()},
-                  {"ranks", trainer.comm().size()}};
-  if (eval_loss) summary["eval_loss"] = *eval_loss;
+                  {"ranks", r.trainer->comm().size()}};
+  if (r.eval_loss) summary["eval_loss"] = *r.eval_loss;
   if (res.start_step > 0) summary["start_step"] = res.start_step;
   if (res.resumed_from) summary["resumed_from"] = *res.resumed_from;
   if (res.last_checkpoint) summary["checkpoint"] = *res.last_checkpoint;
   run.tracker().log_summary(summary);
   run.tracker().finish();
   if (run.writer()) io::write_file_atomic(run.dir() / "summary.json", summary.dump(2) + "\n");
-  log("done, " + std::to_string(res.steps) + " steps in " + human_duration(res.seconds) + ", loss " +
-      std::to_string(res.first_loss) + " -> " + std::to_string(res.final_loss) + "; summary in " +
-      (run.dir() / "summary.json").string());
-  res.eval_loss = eval_loss;
+  r.log("done, " + std::to_string(res.steps) + " steps in " + human_duration(res.seconds) + ", loss " +
+        std::to_string(res.first_loss) + " -> " + std::to_string(res.final_loss) + "; summary in " +
+        (run.dir() / "summary.json").string());
+  res.eval_loss = r.eval_loss;
+}
+
+}  // namespace detail
+
+/// One run of `train_lm` with model type `M` and its config `mc` (the `model:` section, possibly replaced by an
+/// HF config.json with use_hf_model_config). `hooks` run with the program's own (after evaluation). Throws
+/// config::config_error, data::data_error, checkpoint::error, hf::error or training_error with a message for the
+/// user.
+template <LmModel M>
+train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, const std::string& resolved_yaml,
+                          std::ostream& out, const std::vector<hook<M>>& hooks = {}) {
+  detail::train_lm_run<M> r(cfg, std::move(mc), resolved_yaml, out);  // the run, data, model, optimizer, Trainer
+  r.announce();
+  detail::add_train_lm_hooks(r, hooks);
+  auto& trainer = *r.trainer;
+  if (trainer.comm().size() > 1) {
+    r.log(trainer.plan().describe() + " (" + trainer.comm().backend() + ")");
+    for (const auto& n : trainer.plan().notes) r.log("note: " + n);
+  }
+  r.log("OpenBLAS core " + openblas_core() + ", " + std::to_string(haliax::num_threads()) + " threads" +
+        (trainer.comm().size() > 1 ? " per rank" : "") + "; MFU is over the GEMM rate measured on this model's " +
+        "products in the step's precision: " + std::to_string(static_cast<long long>(trainer.peak_flops() / 1e9)) +
+        " GFLOP/s" + (trainer.comm().size() > 1 ? " (all ranks)" : ""));
+  const auto& data = *r.data;
+  const std::int64_t seq_len = r.mc.seq_len, eos = r.eos;
+  const auto ignore = cfg.data.ignore_token_id;
+  auto res = trainer.train(r.state, [&](std::int64_t first, std::int64_t count) {
+    return detail::training_batch(data, first, count, seq_len, eos, ignore);
+  });
+  detail::write_summary(r, res);
   return res;
 }
 
