@@ -31,34 +31,41 @@ void check_rule_placement(std::string_view type) {
 namespace levanter::optim {
 namespace {
 
-// optax.clip_by_global_norm, applied element by element: (g / norm) * max_norm when it triggers.
-// Clip and Decay are template parameters (each loop is compiled four times and picked per chunk), so that the element
-// loops have no branches and vectorise.
-template <bool Clip>
-inline float clipped(const rule_step& st, float g) {
-  if constexpr (Clip) return g / st.clip_den * st.clip_num;
-  return g;
-}
-
 // add_decayed_weights, then scale(-lr), then apply_updates: p + (u + wd * p) * -lr. Returns the step.
 template <bool Decay>
-inline float apply(const rule_step& st, const rule_chunk& c, int64_t i, float u) {
-  if constexpr (Decay) u = u + st.wd * c.p[i];
-  const float step = u * st.neg_lr;
-  c.p[i] = c.p[i] + step;
+inline float apply_step(float wd, float neg_lr, float& p, float u) {
+  if constexpr (Decay) u = u + wd * p;
+  const float step = u * neg_lr;
+  p = p + step;
   return step;
 }
 
-// Runs body(first, count, out) over blocks of 256 elements; the body writes one float per element to out (the
-// parameter step, or what a norm sums), and the squares are added in double in element order afterwards, in a loop
-// of their own, so that the body's element loop vectorises (no float operation is reordered by it).
+// A block of one chunk: at most 256 elements of the parameters, the gradient, the state buffers and the scratch,
+// and `out`, where the body writes one float per element (the parameter's step, or what a norm sums). The arrays
+// never overlap: declaring them restrict (and the step's constants copied out of rule_step, which the stores could
+// otherwise alias) lets the element loops vectorise without run-time overlap checks.
+struct block {
+  int64_t k;
+  float* __restrict p;
+  const float* __restrict g;
+  float* __restrict s0;
+  float* __restrict s1;
+  float* __restrict s2;
+  float* __restrict x;
+  float* __restrict out;
+};
+
+// Runs body(block) over the chunk's blocks of 256 elements; the squares of `out` are added in double in element
+// order afterwards, in a loop of their own, so that the body's element loop vectorises (no float operation is
+// reordered by it).
 template <class Body>
-double blocks(int64_t n, Body&& body) {
+double blocks(const rule_chunk& c, Body&& body) {
   alignas(64) float out[256];
   double sq = 0;
-  for (int64_t b = 0; b < n; b += 256) {
-    const int64_t k = std::min<int64_t>(256, n - b);
-    body(b, k, out);
+  auto at = [](float* q, int64_t b) { return q ? q + b : nullptr; };
+  for (int64_t b = 0; b < c.n; b += 256) {
+    const int64_t k = std::min<int64_t>(256, c.n - b);
+    body(block{k, c.p + b, c.g + b, at(c.s[0], b), at(c.s[1], b), at(c.s[2], b), at(c.x, b), out});
     for (int64_t j = 0; j < k; ++j) sq += static_cast<double>(out[j]) * out[j];
   }
   return sq;
@@ -69,38 +76,75 @@ inline float bias(double b, int64_t t) { return 1.0f - std::pow(static_cast<floa
 
 inline float sign(float x) { return x > 0 ? 1.0f : x < 0 ? -1.0f : x; }  // jnp.sign (0 -> 0, NaN -> NaN)
 
+// The step's constants as locals.
+struct consts {
+  float k[12];
+  float wd, neg_lr, clip_num, clip_den;
+  explicit consts(const rule_step& st) : wd(st.wd), neg_lr(st.neg_lr), clip_num(st.clip_num), clip_den(st.clip_den) {
+    std::copy(std::begin(st.k), std::end(st.k), k);
+  }
+  // optax.clip_by_global_norm, applied element by element: (g / norm) * max_norm when it triggers. Clip and Decay
+  // are template parameters (each loop is compiled four times and picked per chunk), so that the element loops have
+  // no branches and vectorise.
+  template <bool Clip>
+  float clipped(float g) const {
+    if constexpr (Clip) return g / clip_den * clip_num;
+    return g;
+  }
+  template <bool Decay>
+  float apply(float& p, float u) const {
+    return apply_step<Decay>(wd, neg_lr, p, u);
+  }
+  // Adam's moments (m, v updated) and direction. k: b1, 1 - b1, b2, 1 - b2, eps, 1 - b1^t, 1 - b2^t
+  float adam_moments(float g, float& m, float& v) const {
+    const float mn = k[1] * g + k[0] * m;
+    const float vn = k[3] * (g * g) + k[2] * v;
+    m = mn;
+    v = vn;
+    return (mn / k[5]) / (std::sqrt(vn / k[6]) + k[4]);
+  }
+  float adam_direction(float m, float v) const { return (m / k[5]) / (std::sqrt(v / k[6]) + k[4]); }
+};
+
 // ---- Lion: u = sign((1 - b1) g + b1 m); m <- (1 - b2) g + b2 m.   k: b1, 1 - b1, b2, 1 - b2
 template <bool Clip, bool Decay>
 double lion_loop_v(const rule_step& st, const rule_chunk& c) {
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = b + j;
-      const float g = clipped<Clip>(st, c.g[i]);
-      const float m = c.s[0][i];
-      const float u = sign(st.k[1] * g + st.k[0] * m);
-      c.s[0][i] = st.k[3] * g + st.k[2] * m;
-      out[j] = apply<Decay>(st, c, i, u);
+  const consts q(st);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float g = q.clipped<Clip>(b.g[j]);
+      const float m = b.s0[j];
+      const float u = sign(q.k[1] * g + q.k[0] * m);
+      b.s0[j] = q.k[3] * g + q.k[2] * m;
+      b.out[j] = q.apply<Decay>(b.p[j], u);
     }
   });
 }
 
 // ---- ADOPT: the gradient normalised by the previous second moment (zero on the first step) feeds the momentum.
-// k: b1, 1 - b1, b2, 1 - b2, eps, 1 - b1^t, 1 - b2^(t-1), first step (1/0)
+// k: b1, 1 - b1, b2, 1 - b2, eps, 1 - b1^t, 1 - b2^(t-1), first step (1/0). The first step is its own loop.
+template <bool First, bool Clip, bool Decay>
+void adopt_block(const consts& q, const block& b) {
+  for (int64_t j = 0; j < b.k; ++j) {
+    const float g = q.clipped<Clip>(b.g[j]);
+    const float v = b.s1[j];
+    float a = 0.0f;
+    if constexpr (!First) a = g / (std::sqrt(v / q.k[6]) + q.k[4]);
+    const float m = q.k[1] * a + q.k[0] * b.s0[j];
+    b.s0[j] = m;
+    b.s1[j] = q.k[3] * (g * g) + q.k[2] * v;
+    b.out[j] = q.apply<Decay>(b.p[j], m / q.k[5]);
+  }
+}
 template <bool Clip, bool Decay>
 double adopt_loop_v(const rule_step& st, const rule_chunk& c) {
+  const consts q(st);
   const bool first = st.k[7] != 0;
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = b + j;
-      const float g = clipped<Clip>(st, c.g[i]);
-      const float v = c.s[1][i];
-      const float normed = g / (std::sqrt(v / st.k[6]) + st.k[4]);  // 0/0 on the first step: not used then
-      const float a = first ? 0.0f : normed;
-      const float m = st.k[1] * a + st.k[0] * c.s[0][i];
-      c.s[0][i] = m;
-      c.s[1][i] = st.k[3] * (g * g) + st.k[2] * v;
-      out[j] = apply<Decay>(st, c, i, m / st.k[5]);
-    }
+  return blocks(c, [&](const block& b) {
+    if (first)
+      adopt_block<true, Clip, Decay>(q, b);
+    else
+      adopt_block<false, Clip, Decay>(q, b);
   });
 }
 
@@ -108,76 +152,70 @@ double adopt_loop_v(const rule_step& st, const rule_chunk& c) {
 // mom <- b1 mom + (1 - b1) q; u = mom / (1 - b1^t).   k: b1, 1 - b1, b2, 1 - b2, eps, 1 - b1^t, 1 - b2^t
 template <bool Clip, bool Decay>
 double rmsprop_loop_v(const rule_step& st, const rule_chunk& c) {
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = b + j;
-      const float g = clipped<Clip>(st, c.g[i]);
-      const float ms = st.k[2] * c.s[0][i] + st.k[3] * (g * g);
-      c.s[0][i] = ms;
-      const float q = g / (std::sqrt(ms / st.k[6]) + st.k[4]);
-      const float mom = st.k[0] * c.s[1][i] + st.k[1] * q;
-      c.s[1][i] = mom;
-      out[j] = apply<Decay>(st, c, i, mom / st.k[5]);
+  const consts q(st);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float g = q.clipped<Clip>(b.g[j]);
+      const float ms = q.k[2] * b.s0[j] + q.k[3] * (g * g);
+      b.s0[j] = ms;
+      const float r = g / (std::sqrt(ms / q.k[6]) + q.k[4]);
+      const float mom = q.k[0] * b.s1[j] + q.k[1] * r;
+      b.s1[j] = mom;
+      b.out[j] = q.apply<Decay>(b.p[j], mom / q.k[5]);
     }
   });
-}
-
-// ---- Adam's moments and direction (Cautious, MARS). k: b1, 1 - b1, b2, 1 - b2, eps, 1 - b1^t, 1 - b2^t
-inline float adam_moments(const rule_step& st, float g, float* m, float* v) {
-  const float mn = st.k[1] * g + st.k[0] * *m;
-  const float vn = st.k[3] * (g * g) + st.k[2] * *v;
-  *m = mn;
-  *v = vn;
-  return (mn / st.k[5]) / (std::sqrt(vn / st.k[6]) + st.k[4]);
-}
-inline float adam_direction(const rule_step& st, float m, float v) {
-  return (m / st.k[5]) / (std::sqrt(v / st.k[6]) + st.k[4]);
 }
 
 // ---- Cautious: Adam's update kept where it agrees in sign with the gradient, over the leaf's agreeing fraction.
 // The leaf pass updates the moments and counts the agreeing elements; the main pass recomputes the update.
 template <bool Clip, bool Decay>
 double cautious_count_v(const rule_step& st, const rule_chunk& c) {
+  const consts q(st);
   int64_t agree = 0;
-  for (int64_t i = 0; i < c.n; ++i) {
-    const float g = clipped<Clip>(st, c.g[i]);
-    const float u = adam_moments(st, g, &c.s[0][i], &c.s[1][i]);
-    agree += (g * u > 0) ? 1 : 0;
-  }
+  blocks(c, [&](const block& b) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float g = q.clipped<Clip>(b.g[j]);
+      const float u = q.adam_moments(g, b.s0[j], b.s1[j]);
+      n += (g * u > 0) ? 1 : 0;
+      b.out[j] = 0.0f;
+    }
+    agree += n;
+  });
   return static_cast<double>(agree);
 }
 template <bool Clip, bool Decay>
 double cautious_loop_v(const rule_step& st, const rule_chunk& c) {
+  const consts q(st);
   const float den = c.leaf_mean + st.k[4];
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = b + j;
-      const float g = clipped<Clip>(st, c.g[i]);
-      const float u = adam_direction(st, c.s[0][i], c.s[1][i]);
-      const float mask = (g * u > 0) ? 1.0f : 0.0f;
-      out[j] = apply<Decay>(st, c, i, u * mask / den);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float g = q.clipped<Clip>(b.g[j]);
+      const float u = q.adam_direction(b.s0[j], b.s1[j]);
+      const float dropped = u * 0.0f;  // u * mask with mask 0 (a NaN stays NaN, a sign stays), u * 1 is u
+      b.out[j] = q.apply<Decay>(b.p[j], (g * u > 0 ? u : dropped) / den);
     }
   });
 }
 
 // ---- MARS: c = g + gamma b1 / (1 - b1) (g - previous g), scaled by min(1, max / (|c| + 1e-6)) over every
 // parameter, then Adam on c; the raw gradient is kept for the next step. k[7]: gamma b1 / (1 - b1), k[8]: scale
-inline float mars_c(const rule_step& st, float g, float og) { return g + st.k[7] * (g - og); }
 double mars_norm(const rule_step& st, const rule_chunk& c) {
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) out[j] = mars_c(st, c.g[b + j], c.s[2][b + j]);
+  const consts q(st);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) b.out[j] = b.g[j] + q.k[7] * (b.g[j] - b.s2[j]);
   });
 }
 template <bool Clip, bool Decay>
 double mars_loop_v(const rule_step& st, const rule_chunk& c) {
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = b + j;
-      const float g = c.g[i];
-      const float x = mars_c(st, g, c.s[2][i]) * st.k[8];
-      const float u = adam_moments(st, x, &c.s[0][i], &c.s[1][i]);
-      c.s[2][i] = g;
-      out[j] = apply<Decay>(st, c, i, u);
+  const consts q(st);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float g = b.g[j];
+      const float x = (g + q.k[7] * (g - b.s2[j])) * q.k[8];
+      const float u = q.adam_moments(x, b.s0[j], b.s1[j]);
+      b.s2[j] = g;
+      b.out[j] = q.apply<Decay>(b.p[j], u);
     }
   });
 }
@@ -185,11 +223,11 @@ double mars_loop_v(const rule_step& st, const rule_chunk& c) {
 // ---- Adam (the Adam groups of Muon and Adam-mini): optax's scale_by_adam. k: as adam_constants
 template <bool Clip, bool Decay>
 double adam_loop_v(const rule_step& st, const rule_chunk& c) {
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = b + j;
-      const float g = clipped<Clip>(st, c.g[i]);
-      out[j] = apply<Decay>(st, c, i, adam_moments(st, g, &c.s[0][i], &c.s[1][i]));
+  const consts q(st);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float g = q.clipped<Clip>(b.g[j]);
+      b.out[j] = q.apply<Decay>(b.p[j], q.adam_moments(g, b.s0[j], b.s1[j]));
     }
   });
 }
@@ -198,42 +236,51 @@ double adam_loop_v(const rule_step& st, const rule_chunk& c) {
 // x = m buf + g with Nesterov, else buf.   k[0]: momentum
 template <bool Nesterov>
 double muon_prep(const rule_step& st, const rule_chunk& c) {
-  for (int64_t i = 0; i < c.n; ++i) {
-    const float buf = st.k[0] * c.s[0][i] + c.g[i];
-    c.s[0][i] = buf;
-    c.x[i] = Nesterov ? st.k[0] * buf + c.g[i] : buf;
-  }
+  const consts q(st);
+  blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float buf = q.k[0] * b.s0[j] + b.g[j];
+      b.s0[j] = buf;
+      b.x[j] = Nesterov ? q.k[0] * buf + b.g[j] : buf;
+      b.out[j] = 0.0f;
+    }
+  });
   return 0;
 }
 
 // ---- Scion's momentum: buf <- m buf + (1 - m) g, x = buf.   k[0]: momentum, k[1]: 1 - momentum
 double scion_prep(const rule_step& st, const rule_chunk& c) {
-  for (int64_t i = 0; i < c.n; ++i) {
-    const float buf = st.k[0] * c.s[0][i] + st.k[1] * c.g[i];
-    c.s[0][i] = buf;
-    c.x[i] = buf;
-  }
+  const consts q(st);
+  blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float buf = q.k[0] * b.s0[j] + q.k[1] * b.g[j];
+      b.s0[j] = buf;
+      b.x[j] = buf;
+      b.out[j] = 0.0f;
+    }
+  });
   return 0;
 }
 
 // ---- The orthogonalised scratch as the update (Muon's and Scion's matrices; never clipped).
 template <bool Clip, bool Decay>
 double matrix_loop_v(const rule_step& st, const rule_chunk& c) {
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) out[j] = apply<Decay>(st, c, b + j, c.x[b + j]);
+  const consts q(st);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) b.out[j] = q.apply<Decay>(b.p[j], b.x[j]);
   });
 }
 
 // ---- Signum (Scion's other leaves): buf <- b1 buf + (1 - b1) g, u = sign(buf).   k[0]: b1, k[1]: 1 - b1
 template <bool Clip, bool Decay>
 double signum_loop_v(const rule_step& st, const rule_chunk& c) {
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = b + j;
-      const float g = clipped<Clip>(st, c.g[i]);
-      const float buf = st.k[0] * c.s[0][i] + st.k[1] * g;
-      c.s[0][i] = buf;
-      out[j] = apply<Decay>(st, c, i, sign(buf));
+  const consts q(st);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float g = q.clipped<Clip>(b.g[j]);
+      const float buf = q.k[0] * b.s0[j] + q.k[1] * g;
+      b.s0[j] = buf;
+      b.out[j] = q.apply<Decay>(b.p[j], sign(buf));
     }
   });
 }
@@ -241,20 +288,24 @@ double signum_loop_v(const rule_step& st, const rule_chunk& c) {
 // ---- Adam-mini: the momentum as Adam's, g^2 into the scratch to be averaged over the group's axes, then the
 // second moment from the average.   k: as adam_constants
 double mini_prep(const rule_step& st, const rule_chunk& c) {
-  for (int64_t i = 0; i < c.n; ++i) {
-    c.s[0][i] = st.k[1] * c.g[i] + st.k[0] * c.s[0][i];
-    c.x[i] = c.g[i] * c.g[i];
-  }
+  const consts q(st);
+  blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      b.s0[j] = q.k[1] * b.g[j] + q.k[0] * b.s0[j];
+      b.x[j] = b.g[j] * b.g[j];
+      b.out[j] = 0.0f;
+    }
+  });
   return 0;
 }
 template <bool Clip, bool Decay>
 double mini_loop_v(const rule_step& st, const rule_chunk& c) {
-  return blocks(c.n, [&](int64_t b, int64_t k, float* out) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = b + j;
-      const float v = st.k[3] * c.x[i] + st.k[2] * c.s[1][i];
-      c.s[1][i] = v;
-      out[j] = apply<Decay>(st, c, i, adam_direction(st, c.s[0][i], v));
+  const consts q(st);
+  return blocks(c, [&](const block& b) {
+    for (int64_t j = 0; j < b.k; ++j) {
+      const float v = q.k[3] * b.x[j] + q.k[2] * b.s1[j];
+      b.s1[j] = v;
+      b.out[j] = q.apply<Decay>(b.p[j], q.adam_direction(b.s0[j], v));
     }
   });
 }
