@@ -18,6 +18,7 @@
 
 #include "host_io.hpp"
 #include <map>
+#include <optional>
 #include <random>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -542,6 +543,63 @@ TEST_CASE("muon: Newton-Schulz orthogonalises, a matrix and its transpose alike,
       CHECK(pa[k] == w[k] + u[k] * -0.01f);
       CHECK(pb[static_cast<std::size_t>(j * e + i)] == pa[k]);
     }
+}
+
+TEST_CASE("rule optimizers: skip_bad_steps skips a spike as AdamW does, and its history is checkpointed") {
+  for (const char* type : {"lion", "muon"}) {
+    CAPTURE(type);
+    const auto choice = choice_of(type, json{{"learning_rate", 0.01}, {"warmup", 0.0},
+                                             {"skip_bad_steps", {{"rolling_interval_length", 4}, {"sigma_factor", 2.0}}}});
+    toy a = make_toy(5, 4, 3, 3, 2);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd;
+    auto fill = [&](toy& m) {
+      hax::tree::for_each_leaf(m, [&](const std::string&, auto& leaf) {
+        std::vector<float> v(static_cast<std::size_t>(leaf.element_count()));
+        for (auto& x : v) x = nd(rng);
+        host_io::write_elements(leaf, v);
+      });
+    };
+    fill(a);
+    std::vector<toy> grads(8, make_toy(5, 4, 3, 3, 2));
+    for (auto& g : grads) {
+      g = make_toy(5, 4, 3, 3, 2);
+      fill(g);
+    }
+    const double losses[8] = {2.0, 2.1, 1.9, 2.0, 50.0, 2.0, 1.95, 2.05};  // step 4 spikes
+    auto o = opt::make_optimizer(choice, 8, a);
+    toy b = clone(a);
+    std::optional<toy> at_spike;
+    levanter::checkpoint::snapshot snap;
+    for (int k = 0; k < 8; ++k) {
+      if (k == 4) at_spike = clone(a);
+      if (k == 6) o->save_state(snap, a), b = clone(a);
+      const double lr = o->next_learning_rate();
+      const auto st = o->update(a, grads[static_cast<std::size_t>(k)], losses[k]);
+      CHECK(st.skipped == (k == 4));
+      CHECK(st.learning_rate == lr);
+      if (k == 4)
+        hax::tree::zip_leaves(*at_spike, a, [&](const std::string& name, const auto& x, const auto& y) {
+          CHECK_MESSAGE(x.to_host() == y.to_host(), name << ": a skipped step changed the parameters");
+        });
+    }
+    CHECK(o->next_learning_rate() == opt::make_lr_schedule(choice.get_if<levanter::LionConfig>()
+                                                               ? static_cast<const levanter::OptimizerConfig&>(
+                                                                     *choice.get_if<levanter::LionConfig>())
+                                                               : *choice.get_if<levanter::MuonConfig>(),
+                                                           8)(8));  // the schedule counted the skipped step
+    // A resumed run continues bit for bit, the skip history and the rule's own count included.
+    const auto path = std::filesystem::temp_directory_path() / ("rule_skip_" + std::string(type) + ".h5");
+    snap.write(path.string());
+    auto o2 = opt::make_optimizer(choice, 8, b);
+    levanter::checkpoint::reader r(path.string());
+    CHECK(o2->load_state(r, false, b).empty());
+    std::filesystem::remove(path);
+    for (int k = 6; k < 8; ++k) CHECK(!o2->update(b, grads[static_cast<std::size_t>(k)], losses[k]).skipped);
+    hax::tree::zip_leaves(a, b, [&](const std::string& name, const auto& x, const auto& y) {
+      CHECK_MESSAGE(x.to_host() == y.to_host(), name);
+    });
+  }
 }
 
 TEST_CASE("muon, scion, mini: leaves described and grouped as upstream labels them") {

@@ -52,6 +52,10 @@ void check_eps(config::validator& v, const char* key, double e) { check_real(v, 
 
 void validate_base(config::validator& v, const OptimizerConfig& o) {
   check_real(v, "optimizer.learning_rate", o.learning_rate, 0, 100);
+  if (const auto* s = std::get_if<SkipStepConfig>(&o.skip_bad_steps))
+    check_rolling(v, "optimizer.skip_bad_steps", s->rolling_interval_length, s->sigma_factor);
+  if (auto* n = std::get_if<int64_t>(&o.skip_bad_steps))
+    check_int(v, "optimizer.skip_bad_steps", *n, 1, 1 << 20, "a history length in steps (or use true/false)");
   check_real(v, "optimizer.weight_decay", o.weight_decay, 0, 100);
   check_frac_or_steps(v, "optimizer.warmup", o.warmup);
   if (o.decay) check_frac_or_steps(v, "optimizer.decay", *o.decay);
@@ -98,15 +102,11 @@ void validate(config::validator& v, const AdamConfig& o) {
                "or null for no clipping");
   if (o.clip_update_norm) check_rolling(v, "optimizer.clip_update_norm", o.clip_update_norm->rolling_interval_length,
                                         o.clip_update_norm->sigma_factor);
-  if (const auto* s = std::get_if<SkipStepConfig>(&o.skip_bad_steps))
-    check_rolling(v, "optimizer.skip_bad_steps", s->rolling_interval_length, s->sigma_factor);
   if (o.update_rms_clipping && o.clip_update_norm)
     v.error("optimizer.update_rms_clipping", "update_rms_clipping cannot be combined with clip_update_norm "
                                              "(upstream rejects it); keep one of them");
   if (o.update_rms_clipping)
     check_real(v, "optimizer.update_rms_clipping", *o.update_rms_clipping, 0, 1e9, true, false);
-  if (auto* n = std::get_if<int64_t>(&o.skip_bad_steps))
-    check_int(v, "optimizer.skip_bad_steps", *n, 1, 1 << 20, "a history length in steps (or use true/false)");
 }
 
 void validate(config::validator& v, const LionConfig& o) {

@@ -98,20 +98,7 @@ class adamw {
           "optimizer.clip_update_norm: cannot be used together with update_rms_clipping; unset one of them");
     if (cfg_.clip_update_norm && cfg_.clip_update_norm->rolling_interval_length < 1)
       throw std::invalid_argument("optimizer.clip_update_norm.rolling_interval_length: must be at least 1");
-    std::visit(
-        [&](const auto& s) {
-          using S = std::decay_t<decltype(s)>;
-          if constexpr (std::is_same_v<S, bool>) {
-            if (s) skip_ = SkipStepConfig{};
-          } else if constexpr (std::is_same_v<S, int64_t>) {
-            if (s != 0) skip_ = SkipStepConfig{s, SkipStepConfig{}.sigma_factor};  // an int is the history length
-          } else {
-            skip_ = s;
-          }
-        },
-        cfg_.skip_bad_steps);
-    if (skip_ && skip_->rolling_interval_length < 1)
-      throw std::invalid_argument("optimizer.skip_bad_steps.rolling_interval_length: must be at least 1");
+    skip_ = skip_steps_of(cfg_);
     schedule_ = make_lr_schedule(cfg_, num_train_steps);
   }
 
@@ -294,14 +281,7 @@ class adamw {
     }));
     stats.grad_norm = std::sqrt(total_of(gsq));
 
-    if (skip_) {
-      const bool can_skip = state.skip_losses.ready();
-      const bool loss_ok = loss <= state.skip_losses.threshold(skip_->sigma_factor);
-      const bool norm_ok = stats.grad_norm <= state.skip_grad_norms.threshold(skip_->sigma_factor);
-      stats.skipped = can_skip && !(loss_ok && norm_ok);
-      state.skip_losses.push(loss);
-      state.skip_grad_norms.push(stats.grad_norm);
-    }
+    if (skip_) stats.skipped = skip_step(*skip_, state.skip_losses, state.skip_grad_norms, loss, stats.grad_norm);
     ++state.count;
     if (stats.skipped) return stats;
 

@@ -71,6 +71,9 @@ struct OptimizerConfig {
   std::optional<std::vector<int64_t>> haps;
   std::optional<config::StringOrList> weight_decay_modules;
   std::optional<bool> default_weight_decay_mask;
+  /// Upstream has it on AdamConfig only; here every optimizer skips alike (the update and the optimizer's own count
+  /// left alone, the schedule advanced).
+  std::variant<bool, int64_t, SkipStepConfig> skip_bad_steps = false;
 };
 
 /// `optimizer: {type: adam}` (AdamW): OptimizerConfig's fields plus AdamConfig's own.
@@ -85,7 +88,6 @@ struct AdamConfig : OptimizerConfig {
   bool nesterov = false;
   std::optional<double> update_rms_clipping;
   std::optional<ClipUpdateNormConfig> clip_update_norm;
-  std::variant<bool, int64_t, SkipStepConfig> skip_bad_steps = false;
   bool adamc_weight_decay = false;
 };
 
@@ -275,7 +277,8 @@ constexpr auto optimizer_fields() {
       base_field<T>("lr_schedule", &T::lr_schedule, "decay shape: constant, cosine, linear, inv_sqrt, inv, power"),
       base_field<T>("haps", &T::haps, "deprecated upstream: list of cycle boundaries (use cycles)"),
       base_field<T>("weight_decay_modules", &T::weight_decay_modules, "regex (string) or substrings (list) of parameter paths to decay"),
-      base_field<T>("default_weight_decay_mask", &T::default_weight_decay_mask, "spare norms, embeddings and biases from decay (unset: when no modules given)"));
+      base_field<T>("default_weight_decay_mask", &T::default_weight_decay_mask, "spare norms, embeddings and biases from decay (unset: when no modules given)"),
+      base_field<T>("skip_bad_steps", &T::skip_bad_steps, "skip updates with outlier loss or gradient norm (bool, history length, or config)"));
 }
 }  // namespace levanter::config
 
@@ -290,7 +293,6 @@ struct levanter::config::schema<levanter::AdamConfig> {
       field("nesterov", &T::nesterov, "Nesterov momentum in the first moment"),
       field("update_rms_clipping", &T::update_rms_clipping, "clip each parameter's update to this RMS"),
       field("clip_update_norm", &T::clip_update_norm, "clip the update norm from its rolling statistics"),
-      field("skip_bad_steps", &T::skip_bad_steps, "skip updates with outlier loss or gradient norm (bool, history length, or config)"),
       field("adamc_weight_decay", &T::adamc_weight_decay, "AdamC: scale weight decay with lr / peak lr")));
 };
 

@@ -16,6 +16,9 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <optional>
+#include <stdexcept>
+#include <variant>
 #include <vector>
 
 #include <haliax/core.hpp>
@@ -73,7 +76,39 @@ struct rolling_window {
   bool ready() const { return count >= std::max<int64_t>(2, capacity() / 2); }
 };
 
-/// AdamW's state for a model of type `M`.
+/// optimizer.skip_bad_steps resolved: true is upstream's SkipStepConfig, a number its history length, false or 0
+/// no skipping (nullopt).
+inline std::optional<SkipStepConfig> skip_steps_of(const OptimizerConfig& cfg) {
+  std::optional<SkipStepConfig> skip;
+  std::visit(
+      [&](const auto& s) {
+        using S = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<S, bool>) {
+          if (s) skip = SkipStepConfig{};
+        } else if constexpr (std::is_same_v<S, int64_t>) {
+          if (s != 0) skip = SkipStepConfig{s, SkipStepConfig{}.sigma_factor};  // an int is the history length
+        } else {
+          skip = s;
+        }
+      },
+      cfg.skip_bad_steps);
+  if (skip && skip->rolling_interval_length < 1)
+    throw std::invalid_argument("optimizer.skip_bad_steps.rolling_interval_length: must be at least 1");
+  return skip;
+}
+
+/// skip_bad_steps' decision for one step (upstream's SkipStepState): skipped when there is enough history and the
+/// loss or the gradient norm is above mean + sigma_factor * std of the recent ones; both are recorded, skipped or not.
+inline bool skip_step(const SkipStepConfig& cfg, rolling_window& losses, rolling_window& grad_norms, double loss,
+                      double grad_norm) {
+  const bool can_skip = losses.ready();
+  const bool loss_ok = loss <= losses.threshold(cfg.sigma_factor);
+  const bool norm_ok = grad_norm <= grad_norms.threshold(cfg.sigma_factor);
+  losses.push(loss);
+  grad_norms.push(grad_norm);
+  return can_skip && !(loss_ok && norm_ok);
+}
+
 
 /// How an optimizer's work is split over ranks (ZeRO-1, FSDP): rank r updates the parameters of its range
 /// [bounds[r], bounds[r+1]) of the flattened parameters and keeps only their state; the ranges fall on

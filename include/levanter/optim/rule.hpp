@@ -144,8 +144,12 @@ class rule_optimizer final : public placed_optimizer<M> {
   rule_optimizer(rule_def rule, const OptimizerConfig& cfg, std::int64_t num_train_steps, const M& params,
                  distributed::communicator* comm = nullptr, bool sharded = false)
       : placed_optimizer<M>(params, comm, sharded), rule_(std::move(rule)),
-        schedule_(make_lr_schedule(cfg, num_train_steps)) {
+        schedule_(make_lr_schedule(cfg, num_train_steps)), skip_(skip_steps_of(cfg)) {
     detail::check_rule_placement(rule_.type);
+    if (skip_) {
+      skip_losses_ = rolling_window::with_capacity(skip_->rolling_interval_length);
+      skip_grad_norms_ = rolling_window::with_capacity(skip_->rolling_interval_length);
+    }
     if (rule_.buffers.size() > 4) throw std::logic_error("rule_optimizer: at most 4 state buffers");
     if (rule_.groups.empty()) throw std::logic_error("rule_optimizer: a rule needs a group");
     trees_.resize(rule_.buffers.size());
@@ -209,8 +213,23 @@ class rule_optimizer final : public placed_optimizer<M> {
     for (std::size_t i = 0; i < rule_.buffers.size(); ++i) b.push_back({rule_.buffers[i], &trees_[i], &flats_[i]});
     return b;
   }
-  void save_scalars(checkpoint::snapshot& s) const override { s.add_scalar("count", count_); }
-  void load_scalars(const checkpoint::reader& r) override { count_ = r.scalar<std::int64_t>("count"); }
+  // `count`: updates seen (the schedule's step); with skip_bad_steps also `applied` (the rule's own count, which a
+  // skipped step leaves alone) and the skip history.
+  void save_scalars(checkpoint::snapshot& s) const override {
+    s.add_scalar("count", count_);
+    if (!skip_) return;
+    s.add_scalar("applied", applied_);
+    detail::add_window(s, "skip_losses", skip_losses_);
+    detail::add_window(s, "skip_grad_norms", skip_grad_norms_);
+  }
+  void load_scalars(const checkpoint::reader& r) override {
+    count_ = r.scalar<std::int64_t>("count");
+    applied_ = count_;
+    if (!skip_) return;
+    applied_ = r.scalar<std::int64_t>("applied");
+    detail::read_window(r, "skip_losses", skip_losses_);
+    detail::read_window(r, "skip_grad_norms", skip_grad_norms_);
+  }
   void check_tensor_parallel() const override {
     if (has_leaf_work_)
       throw std::invalid_argument("optimizer.type '" + std::string(rule_.type) +
@@ -220,7 +239,7 @@ class rule_optimizer final : public placed_optimizer<M> {
 
   // The update over `leaves` (whole: p and g attached; sharded: this rank's chunks, from p_flat/g_flat when given,
   // else from the leaves).
-  update_stats run(std::vector<layout::leaf_ref>& leaves, float* p_flat, const float* g_flat, double /*loss*/) {
+  update_stats run(std::vector<layout::leaf_ref>& leaves, float* p_flat, const float* g_flat, double loss) {
     const auto* sh = this->sh();
     const auto* ts = this->ts();
     if (ts && ts->split.size() != leaves.size())
@@ -290,6 +309,11 @@ class rule_optimizer final : public placed_optimizer<M> {
     }));
     stats.grad_norm = std::sqrt(ng == 1 ? gsq[0] : sum_of(gsq));
     stats.learning_rate = schedule_(count_);
+    if (skip_) stats.skipped = skip_step(*skip_, skip_losses_, skip_grad_norms_, loss, stats.grad_norm);
+    if (stats.skipped) {  // the schedule advances; the parameters, the state and the rule's count do not
+      ++count_;
+      return stats;
+    }
 
     std::vector<rule_step> st(ng);
     for (std::size_t gi = 0; gi < ng; ++gi) {
@@ -299,7 +323,7 @@ class rule_optimizer final : public placed_optimizer<M> {
       s.lr = static_cast<float>(lr) * static_cast<float>(grp.lr_factor);
       s.neg_lr = -s.lr;
       s.wd = static_cast<float>(wd_[gi]);
-      s.t = count_ + 1;
+      s.t = applied_ + 1;
       const double norm = std::sqrt(gsq[gi]);
       const bool clip_on = grp.max_grad_norm && (*grp.max_grad_norm != 0.0 || grp.clip_at_zero);
       s.clip = clip_on && !(static_cast<float>(norm) < static_cast<float>(*grp.max_grad_norm));
@@ -308,6 +332,7 @@ class rule_optimizer final : public placed_optimizer<M> {
       if (grp.constants) grp.constants(s);
     }
     ++count_;
+    ++applied_;
     auto has_norm = [](const rule_group& g) { return g.norm_loop != nullptr; };
     if (std::any_of(rule_.groups.begin(), rule_.groups.end(), has_norm)) {
       const auto nsq = totals(each_chunk(has_norm, [&](const rule_group& g, std::size_t ci) {
@@ -394,7 +419,10 @@ class rule_optimizer final : public placed_optimizer<M> {
   std::vector<M> trees_;
   std::vector<distributed::device_copy::flat> flats_;
   std::vector<char> decay_;
-  std::int64_t count_ = 0;
+  std::int64_t count_ = 0;    // updates seen, skipped ones included: the schedule's step
+  std::int64_t applied_ = 0;  // updates applied: the rule's t
+  std::optional<SkipStepConfig> skip_;
+  rolling_window skip_losses_, skip_grad_norms_;
   std::vector<std::vector<float*>> leaf_ptrs_;
   std::vector<float> scratch_;
 };
