@@ -188,6 +188,11 @@ void BM_opt_mars(benchmark::State& s) { run_type(s, "mars", 1 + 2 + 9); }
 void BM_opt_muon(benchmark::State& s) { run_type(s, "muon", 1 + 4 + 2 + 3, true); }
 void BM_opt_scion(benchmark::State& s) { run_type(s, "scion", 1 + 4 + 2 + 3, true); }
 void BM_opt_mini(benchmark::State& s) { run_type(s, "mini", 1 + 4 + 2 + 6, true); }
+// SOAP and Kron: the clipped gradient into the scratch, gathered whole, then per leaf their own state in blocks of
+// 256 (counted: g read, scratch written and read twice, the moments or momentum read and written, p read and written;
+// the GEMMs on the blocks are most of the time). SOAP's first update takes the eigenbases (eigh per factor).
+void BM_opt_soap(benchmark::State& s) { run_type(s, "soap", 1 + 3 + 4 + 2, true); }
+void BM_opt_kron(benchmark::State& s) { run_type(s, "kron", 1 + 3 + 2 + 2, true); }
 
 void BM_memcpy(benchmark::State& state) {
   auto x = make(1.0f), y = make(2.0f);
@@ -240,5 +245,7 @@ BENCHMARK(BM_opt_mars)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_opt_muon)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_opt_scion)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_opt_mini)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_soap)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_opt_kron)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 
 HALIAX_BENCHMARK_MAIN();

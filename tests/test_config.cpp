@@ -249,9 +249,13 @@ TEST_CASE("choices: type key, bare name, default, unknown and unsupported types"
   CHECK(dec<OptimizerChoice>("muon").get_if<MuonConfig>()->weight_decay == 0.0);  // upstream re-defaults it
   CHECK(dec<OptimizerChoice>("{type: scion}").get_if<ScionConfig>()->backend_steps == 10);
   CHECK(round_trip(dec<OptimizerChoice>("{type: mini, beta2: 0.9}")).get_if<MiniConfig>()->beta2 == 0.9);
-  e = error_of([] { dec<OptimizerChoice>("{type: soap, beta1: 0.9}"); });
-  CHECK(contains(e, "x.type (<yaml>:1): soap is not supported yet; SOAP's eigenbases"));
-  CHECK(contains(e, "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion or mini"));
+  CHECK(round_trip(dec<OptimizerChoice>("{type: soap, beta1: 0.9}")).get_if<SoapConfig>()->beta1 == 0.9);
+  CHECK(dec<OptimizerChoice>("soap").get_if<SoapConfig>()->weight_decay == 0.0);  // upstream re-defaults it
+  CHECK(round_trip(dec<OptimizerChoice>("{type: kron, block_size: 128}")).get_if<KronConfig>()->block_size == 128);
+  CHECK(dec<OptimizerChoice>("kron").get_if<KronConfig>()->weight_decay == 0.1);
+  e = error_of([] { dec<OptimizerChoice>("{type: sophia-h, gamma: 0.01}"); });
+  CHECK(contains(e, "x.type (<yaml>:1): sophia-h is not supported yet; Sophia-H's Hutchinson estimate"));
+  CHECK(contains(e, "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion, mini, soap or kron"));
   e = error_of([] { dec<OptimizerChoice>("{type: lion, nesterov: true}"); });
   CHECK(contains(e, "nesterov"));
   e = error_of([] { dec<ModelChoice>("mixtral"); });

@@ -282,11 +282,13 @@ TEST_CASE("ZeRO-1 AdamW equals the unsharded update bit for bit, with every clip
 TEST_CASE("ZeRO-1 and FSDP: every rule optimizer and its model average equal the unsharded ones bit for bit") {
   auto& w = world();
   // muon and scion orthogonalise the stacked mlp weight, whose layers straddle the ranks' ranges (gathered first)
-  for (const char* type : {"lion", "adopt", "rmsprop", "cautious", "mars", "muon", "scion", "mini"}) {
+  // (the last two: update clipping, whose norms are taken over every rank's chunks, per Stacked layer or in all)
+  for (std::string type : {"lion", "adopt", "rmsprop", "cautious", "mars", "muon", "scion", "mini", "soap", "kron",
+                           "muon, update_rms_clipping: 0.5", "lion, clip_update_norm: {rolling_interval_length: 2}"}) {
     CAPTURE(type);
     levanter::config::source_map sources;
     const auto node = levanter::config::load_yaml_string(
-        std::string("{type: ") + type + ", learning_rate: 0.01, warmup: 0, max_grad_norm: 0.05}", "test", sources);
+        "{type: " + type + ", learning_rate: 0.01, warmup: 0, max_grad_norm: 0.05}", "test", sources);
     const auto choice = levanter::config::decode<levanter::OptimizerChoice>(node, "optimizer", sources);
     auto p_full = make_model(7), p_shard = make_model(7), p_ranged_init = make_model(7);
     auto full = opt::make_optimizer(choice, 20, p_full);
@@ -558,8 +560,8 @@ TEST_CASE("tensor parallelism: one process's loss, gradients and AdamW update fr
   c.to_local = [&](const LMHeadModel& x) { return dist::slice_model(x, dims, w.rank(), T); };
   c.local_zeros = [&](const LMHeadModel& x) { return dist::local_zeros(x, dims, T); };
   sliced.set_tensor_parallel(c);
-  // Muon, Scion and Adam-mini work on whole matrices: refused with tensor parallelism, naming the remedy.
-  for (const char* type : {"muon", "scion", "mini"}) {
+  // Muon, Scion, Adam-mini, SOAP and Kron work on whole matrices: refused with tensor parallelism, naming the remedy.
+  for (const char* type : {"muon", "scion", "mini", "soap", "kron"}) {
     CAPTURE(type);
     levanter::config::source_map sources;
     const auto node = levanter::config::load_yaml_string(std::string("{type: ") + type + "}", "test", sources);

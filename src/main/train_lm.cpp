@@ -31,8 +31,8 @@ config::validation_result validate_train_lm(const TrainLmConfig& cfg, const conf
   validate(v, cfg.trainer);
   std::visit([&](const auto& m) { validate(v, m); }, cfg.model.value);
   std::visit([&](const auto& o) { validate(v, o); }, cfg.optimizer.value);
-  // Newton-Schulz and Adam-mini's means need each matrix whole on one rank.
-  for (const char* t : {"muon", "scion", "mini"})
+  // Newton-Schulz, Adam-mini's means and the SOAP and Kron preconditioners need each matrix whole on one rank.
+  for (const char* t : {"muon", "scion", "mini", "soap", "kron"})
     if (cfg.optimizer.type_name() == t && cfg.trainer.model_axis_size > 1)
       v.error("optimizer.type", std::string(t) + " is not supported with tensor parallelism (trainer.model_axis_size " +
                                     std::to_string(cfg.trainer.model_axis_size) +

@@ -88,6 +88,13 @@ void validate_base(config::validator& v, const OptimizerConfig& o) {
   }
   if (auto* s = o.lr_schedule.get_if<InvSqrtLrSchedule>())
     check_real(v, "optimizer.lr_schedule.timescale", s->timescale, 0, double(bounds::max_steps), true, false);
+  if (o.clip_update_norm) check_rolling(v, "optimizer.clip_update_norm", o.clip_update_norm->rolling_interval_length,
+                                        o.clip_update_norm->sigma_factor);
+  if (o.update_rms_clipping && o.clip_update_norm)
+    v.error("optimizer.update_rms_clipping", "update_rms_clipping cannot be combined with clip_update_norm "
+                                             "(upstream rejects it); keep one of them");
+  if (o.update_rms_clipping)
+    check_real(v, "optimizer.update_rms_clipping", *o.update_rms_clipping, 0, 1e9, true, false);
 }
 
 }  // namespace
@@ -100,13 +107,6 @@ void validate(config::validator& v, const AdamConfig& o) {
   if (o.max_grad_norm)
     check_real(v, "optimizer.max_grad_norm", *o.max_grad_norm, 0, 1e9, false, false,
                "or null for no clipping");
-  if (o.clip_update_norm) check_rolling(v, "optimizer.clip_update_norm", o.clip_update_norm->rolling_interval_length,
-                                        o.clip_update_norm->sigma_factor);
-  if (o.update_rms_clipping && o.clip_update_norm)
-    v.error("optimizer.update_rms_clipping", "update_rms_clipping cannot be combined with clip_update_norm "
-                                             "(upstream rejects it); keep one of them");
-  if (o.update_rms_clipping)
-    check_real(v, "optimizer.update_rms_clipping", *o.update_rms_clipping, 0, 1e9, true, false);
 }
 
 void validate(config::validator& v, const LionConfig& o) {
@@ -180,6 +180,49 @@ void validate(config::validator& v, const MiniConfig& o) {
   check_max_grad_norm(v, o.max_grad_norm);
 }
 
+namespace {
+void check_f32(config::validator& v, const std::string& key, const std::optional<std::string>& dtype) {
+  if (dtype && *dtype != "float32" && *dtype != "f32" && *dtype != "fp32")
+    v.error(key, "'" + *dtype + "' is not supported: this optimizer keeps its state in float32; remove the key");
+}
+void check_block(config::validator& v, bool merge, int64_t target, bool partition, int64_t block_size) {
+  if (merge) check_int(v, "optimizer.target_merged_dim_size", target, 1, int64_t{1} << 40, "e.g. 2048");
+  if (partition) check_int(v, "optimizer.block_size", block_size, 1, 1 << 16, "e.g. 256");
+}
+}  // namespace
+
+void validate(config::validator& v, const SoapConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  if (o.shampoo_beta >= 0) check_beta(v, "optimizer.shampoo_beta", o.shampoo_beta);
+  check_eps(v, "optimizer.epsilon", o.epsilon);
+  check_max_grad_norm(v, o.max_grad_norm);
+  check_int(v, "optimizer.precondition_frequency", o.precondition_frequency, 1, int64_t{1} << 40, "e.g. 10");
+  check_int(v, "optimizer.max_precond_dim", o.max_precond_dim, 1, int64_t{1} << 40, "e.g. 10000");
+  check_f32(v, "optimizer.mu_dtype", o.mu_dtype);
+  check_f32(v, "optimizer.precond_dtype", o.precond_dtype);
+  check_block(v, o.merge_small_dims, o.target_merged_dim_size, o.partition_grads_into_blocks, o.block_size);
+}
+
+void validate(config::validator& v, const KronConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_max_grad_norm(v, o.max_grad_norm);
+  check_real(v, "optimizer.preconditioner_update_probability", o.preconditioner_update_probability, 0, 1, true);
+  check_int(v, "optimizer.update_prob_flat_start", o.update_prob_flat_start, 0, int64_t{1} << 40, "e.g. 500");
+  check_int(v, "optimizer.max_size_triangular", o.max_size_triangular, 0, int64_t{1} << 40, "e.g. 25000");
+  check_int(v, "optimizer.min_ndim_triangular", o.min_ndim_triangular, 0, 64, "e.g. 2");
+  if (o.memory_save_mode && *o.memory_save_mode != "one_diag" && *o.memory_save_mode != "all_diag")
+    v.error("optimizer.memory_save_mode",
+            "'" + *o.memory_save_mode + "' is not a mode: use one_diag or all_diag, or leave it unset");
+  check_real(v, "optimizer.preconditioner_lr", o.preconditioner_lr, 0, 10, true);
+  check_real(v, "optimizer.preconditioner_init_scale", o.preconditioner_init_scale, 0, 1e6, true);
+  check_f32(v, "optimizer.mu_dtype", o.mu_dtype);
+  check_f32(v, "optimizer.precond_dtype", o.precond_dtype);
+  check_block(v, o.merge_small_dims, o.target_merged_dim_size, o.partition_grads_into_blocks, o.block_size);
+}
+
 }  // namespace levanter
 
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::AdamConfig)
@@ -191,3 +234,5 @@ LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MarsConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MuonConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::ScionConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MiniConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::SoapConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::KronConfig)

@@ -18,6 +18,28 @@
 namespace levanter::optim {
 
 namespace detail {
+double finish_recorded(const rule_step& st, const rule_chunk& c) {
+  double sq = 0;
+  const float wd = st.wd;
+  for (int64_t k = 0; k < c.n; ++k) {
+    float u = -c.x[k];
+    if (c.decay) u = u + wd * c.p[k];
+    c.x[k] = u;
+    sq += static_cast<double>(u) * u;
+  }
+  return sq;
+}
+double apply_recorded(const rule_step& st, const rule_chunk& c) {
+  double sq = 0;
+  const float div = st.k[0], mul = st.k[1], neg_lr = st.neg_lr;
+  for (int64_t k = 0; k < c.n; ++k) {
+    const float step = ((c.x[k] / div) * mul) * neg_lr;
+    c.p[k] = c.p[k] + step;
+    sq += static_cast<double>(step) * step;
+  }
+  return sq;
+}
+
 void check_rule_placement(std::string_view type) {
   if (!haliax::detail::host_memory || haliax::detail::device_guard::requested())
     throw std::invalid_argument("optimizer.type '" + std::string(type) +

@@ -138,6 +138,13 @@ CASES = [
         ),
     ),
     ("kron_plain", "KronConfig", dict(learning_rate=1e-2, warmup=0.0)),
+    # blocks of 2 (every matrix dimension cut, the last block of an odd one padded), without and with merging
+    ("kron_blocks", "KronConfig", dict(learning_rate=1e-2, warmup=0.0, merge_small_dims=False, block_size=2)),
+    (
+        "kron_merge_blocks",
+        "KronConfig",
+        dict(learning_rate=1e-2, warmup=0.0, target_merged_dim_size=4, block_size=3, memory_save_mode="one_diag"),
+    ),
     (
         "kron_wd_clip",
         "KronConfig",

@@ -74,6 +74,10 @@ struct OptimizerConfig {
   /// Upstream has it on AdamConfig only; here every optimizer skips alike (the update and the optimizer's own count
   /// left alone, the schedule advanced).
   std::variant<bool, int64_t, SkipStepConfig> skip_bad_steps = false;
+  /// Upstream has these two on AdamConfig only; here every optimizer clips its update alike (after the weight decay,
+  /// before the learning rate, as upstream's AdamW chain).
+  std::optional<double> update_rms_clipping;
+  std::optional<ClipUpdateNormConfig> clip_update_norm;
 };
 
 /// `optimizer: {type: adam}` (AdamW): OptimizerConfig's fields plus AdamConfig's own.
@@ -86,8 +90,6 @@ struct AdamConfig : OptimizerConfig {
   double epsilon = 1e-8;
   std::optional<double> max_grad_norm = 1.0;
   bool nesterov = false;
-  std::optional<double> update_rms_clipping;
-  std::optional<ClipUpdateNormConfig> clip_update_norm;
   bool adamc_weight_decay = false;
 };
 
@@ -191,9 +193,58 @@ struct MiniConfig : OptimizerConfig {
   bool nesterov = false;
 };
 
+/// `optimizer: {type: soap}` (upstream SoapConfig): Adam in the eigenbasis of Shampoo's per-dimension
+/// preconditioners, refreshed every precondition_frequency steps. `schedule_list` is upstream's key; unused.
+/// `mu_dtype`/`precond_dtype`: float32 only.
+struct SoapConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "soap";
+  SoapConfig() { weight_decay = 0.0; }
+  double beta1 = 0.95;
+  double beta2 = 0.95;
+  double shampoo_beta = 0.95;  ///< below 0: beta2
+  double epsilon = 1e-8;
+  std::optional<double> max_grad_norm = 1.0;
+  std::optional<std::vector<std::string>> schedule_list;
+  int64_t precondition_frequency = 10;
+  int64_t max_precond_dim = 10000;
+  bool merge_small_dims = true;
+  bool one_diag = false;
+  int64_t target_merged_dim_size = 2048;
+  std::optional<std::string> mu_dtype;
+  std::optional<std::string> precond_dtype;
+  bool partition_grads_into_blocks = true;
+  int64_t block_size = 256;
+};
+
+/// `optimizer: {type: kron}` (upstream KronConfig, PSGD Kron): momentum preconditioned by Kronecker factors fitted to
+/// random probes. Precisions and lax_map settings are upstream's keys with no effect on the host.
+struct KronConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "kron";
+  double beta1 = 0.9;
+  std::optional<double> max_grad_norm = 1.0;
+  bool normalize_grads = false;
+  double preconditioner_update_probability = 0.05;
+  int64_t update_prob_flat_start = 500;
+  int64_t max_size_triangular = 25000;
+  int64_t min_ndim_triangular = 2;
+  std::optional<std::string> memory_save_mode;
+  double preconditioner_lr = 0.1;
+  double preconditioner_init_scale = 1.0;
+  std::optional<std::string> mu_dtype;
+  std::optional<std::string> precond_dtype;
+  std::string precond_update_precision = "tensorfloat32";
+  std::optional<std::string> precond_grads_precision;
+  bool lax_map_scanned_layers = false;
+  int64_t lax_map_batch_size = 8;
+  bool merge_small_dims = true;
+  int64_t target_merged_dim_size = 8192;
+  bool partition_grads_into_blocks = true;
+  int64_t block_size = 256;
+};
+
 /// `optimizer:`; the upstream optimizers not listed here are refused by name.
 using OptimizerChoice = config::Choice<AdamConfig, LionConfig, AdoptConfig, RMSPropMomentumConfig, CautiousConfig,
-                                       MarsConfig, MuonConfig, ScionConfig, MiniConfig>;
+                                       MarsConfig, MuonConfig, ScionConfig, MiniConfig, SoapConfig, KronConfig>;
 
 /// Adds every problem of the `optimizer:` section to `v` (keys under `optimizer.`).
 void validate(config::validator& v, const AdamConfig& o);
@@ -205,6 +256,8 @@ void validate(config::validator& v, const MarsConfig& o);
 void validate(config::validator& v, const MuonConfig& o);
 void validate(config::validator& v, const ScionConfig& o);
 void validate(config::validator& v, const MiniConfig& o);
+void validate(config::validator& v, const SoapConfig& o);
+void validate(config::validator& v, const KronConfig& o);
 
 }  // namespace levanter
 
@@ -278,7 +331,9 @@ constexpr auto optimizer_fields() {
       base_field<T>("haps", &T::haps, "deprecated upstream: list of cycle boundaries (use cycles)"),
       base_field<T>("weight_decay_modules", &T::weight_decay_modules, "regex (string) or substrings (list) of parameter paths to decay"),
       base_field<T>("default_weight_decay_mask", &T::default_weight_decay_mask, "spare norms, embeddings and biases from decay (unset: when no modules given)"),
-      base_field<T>("skip_bad_steps", &T::skip_bad_steps, "skip updates with outlier loss or gradient norm (bool, history length, or config)"));
+      base_field<T>("skip_bad_steps", &T::skip_bad_steps, "skip updates with outlier loss or gradient norm (bool, history length, or config)"),
+      base_field<T>("update_rms_clipping", &T::update_rms_clipping, "clip each parameter's update (per Stacked layer) to this RMS"),
+      base_field<T>("clip_update_norm", &T::clip_update_norm, "clip the update norm from its rolling statistics"));
 }
 }  // namespace levanter::config
 
@@ -291,8 +346,6 @@ struct levanter::config::schema<levanter::AdamConfig> {
       field("epsilon", &T::epsilon, "Adam denominator epsilon"),
       field("max_grad_norm", &T::max_grad_norm, "clip gradients to this global norm (unset or 0: no clipping)"),
       field("nesterov", &T::nesterov, "Nesterov momentum in the first moment"),
-      field("update_rms_clipping", &T::update_rms_clipping, "clip each parameter's update to this RMS"),
-      field("clip_update_norm", &T::clip_update_norm, "clip the update norm from its rolling statistics"),
       field("adamc_weight_decay", &T::adamc_weight_decay, "AdamC: scale weight decay with lr / peak lr")));
 };
 
@@ -387,15 +440,57 @@ struct levanter::config::schema<levanter::MiniConfig> {
 };
 
 template <>
+struct levanter::config::schema<levanter::SoapConfig> {
+  using T = levanter::SoapConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("beta1", &T::beta1, "first-moment decay"),
+      field("beta2", &T::beta2, "second-moment decay (in the eigenbasis)"),
+      field("shampoo_beta", &T::shampoo_beta, "decay of the preconditioners' statistics (below 0: beta2)"),
+      field("epsilon", &T::epsilon, "denominator epsilon (also added to the statistics before the first eigh)"),
+      field("max_grad_norm", &T::max_grad_norm, "clip gradients to this global norm (unset or 0: no clipping)"),
+      field("schedule_list", &T::schedule_list, "unused by SOAP (upstream key)"),
+      field("precondition_frequency", &T::precondition_frequency, "steps between refreshes of the eigenbases"),
+      field("max_precond_dim", &T::max_precond_dim, "dimensions at least this long get no preconditioner"),
+      field("merge_small_dims", &T::merge_small_dims, "merge contiguous dimensions towards target_merged_dim_size"),
+      field("one_diag", &T::one_diag, "a preconditioner for the first eligible dimension only"),
+      field("target_merged_dim_size", &T::target_merged_dim_size, "the size merge_small_dims aims at"),
+      field("mu_dtype", &T::mu_dtype, "float32 only"),
+      field("precond_dtype", &T::precond_dtype, "float32 only"),
+      field("partition_grads_into_blocks", &T::partition_grads_into_blocks, "cut dimensions into blocks of block_size (padded)"),
+      field("block_size", &T::block_size, "block length of partition_grads_into_blocks")));
+};
+template <>
+struct levanter::config::schema<levanter::KronConfig> {
+  using T = levanter::KronConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("beta1", &T::beta1, "momentum decay"),
+      field("max_grad_norm", &T::max_grad_norm, "clip gradients to this global norm (unset or 0: none; off with normalize_grads)"),
+      field("normalize_grads", &T::normalize_grads, "scale each leaf's gradient to unit norm"),
+      field("preconditioner_update_probability", &T::preconditioner_update_probability, "final probability of a preconditioner update"),
+      field("update_prob_flat_start", &T::update_prob_flat_start, "steps with update probability 1 before it anneals"),
+      field("max_size_triangular", &T::max_size_triangular, "longer dimensions get a diagonal preconditioner"),
+      field("min_ndim_triangular", &T::min_ndim_triangular, "leaves of fewer dimensions get diagonal preconditioners"),
+      field("memory_save_mode", &T::memory_save_mode, "unset, one_diag or all_diag"),
+      field("preconditioner_lr", &T::preconditioner_lr, "step size of the preconditioner fit"),
+      field("preconditioner_init_scale", &T::preconditioner_init_scale, "initial scale of the preconditioners"),
+      field("mu_dtype", &T::mu_dtype, "float32 only"),
+      field("precond_dtype", &T::precond_dtype, "float32 only"),
+      field("precond_update_precision", &T::precond_update_precision, "matmul precision upstream (no effect here: float32)"),
+      field("precond_grads_precision", &T::precond_grads_precision, "matmul precision upstream (no effect here: float32)"),
+      field("lax_map_scanned_layers", &T::lax_map_scanned_layers, "upstream's JAX mapping of layers (no effect here)"),
+      field("lax_map_batch_size", &T::lax_map_batch_size, "upstream's JAX mapping batch (no effect here)"),
+      field("merge_small_dims", &T::merge_small_dims, "merge contiguous dimensions towards target_merged_dim_size"),
+      field("target_merged_dim_size", &T::target_merged_dim_size, "the size merge_small_dims aims at"),
+      field("partition_grads_into_blocks", &T::partition_grads_into_blocks, "cut dimensions into blocks of block_size (padded)"),
+      field("block_size", &T::block_size, "block length of partition_grads_into_blocks")));
+};
+
+template <>
 struct levanter::config::unsupported_choices<levanter::OptimizerChoice> {
   static constexpr auto names = std::to_array<unsupported_choice>({
       {"sophia-h", "Sophia-H's Hutchinson estimate needs Hessian-vector products, and haliax's autodiff is "
                    "reverse mode only (no forward-over-reverse or double backward yet); "
-                   "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion or mini"},
-      {"soap", "SOAP's eigenbases (eigh, QR per preconditioned dimension) are not implemented yet; "
-               "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion or mini"},
-      {"kron", "PSGD Kron's preconditioners are not implemented yet; "
-               "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion or mini"},
+                   "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion, mini, soap or kron"},
   });
 };
 
@@ -409,3 +504,5 @@ LEVANTER_CONFIG_SECTION_EXTERN(levanter::MarsConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::MuonConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::ScionConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::MiniConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::SoapConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::KronConfig)

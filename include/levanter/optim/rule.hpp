@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -41,6 +42,8 @@ struct rule_step {
   int64_t t = 0;         ///< updates applied, this one included (1 at the first)
   double rule_norm = 0;  ///< the global norm of the rule's own clipping target (rule_def::norm_loop)
   float k[12] = {};      ///< the rule's own constants (betas, epsilons, bias corrections)
+  std::uint64_t w[4] = {};  ///< what rule_def::begin decided for this step (Kron: the probe key, the flags)
+  std::size_t leaves = 0;   ///< the number of leaves of the parameter tree
 };
 
 /// One chunk of one leaf: the parameters, the gradient and the rule's state buffers at the same elements.
@@ -73,6 +76,28 @@ struct leaf_desc {
 /// Work on one whole leaf of a group's scratch (after `prep` filled it): Muon's Newton–Schulz, Adam-mini's means.
 using leaf_work = std::function<void(const rule_step&, const leaf_desc&, float* x)>;
 
+/// State a rule keeps per leaf in shapes of its own (SOAP's eigenbases, Kron's preconditioners): named float arrays,
+/// whole on every rank, saved in opt_state.h5 as `<name>.<leaf path>`.
+struct leaf_arrays {
+  std::vector<std::pair<std::string, std::vector<float>>> arrays;
+  std::vector<float>& add(std::string name, std::vector<float> values) {
+    arrays.emplace_back(std::move(name), std::move(values));
+    return arrays.back().second;
+  }
+  std::vector<float>& at(std::string_view name) {
+    for (auto& [n, v] : arrays)
+      if (n == name) return v;
+    throw std::logic_error("leaf_arrays: no array '" + std::string(name) + "'");
+  }
+};
+
+/// Work on one whole leaf with state of its own: reads the scratch the group's `prep` filled (the whole leaf, every
+/// rank), updates `state` and leaves the leaf's update direction in the scratch. Under ZeRO-1 and FSDP every rank
+/// runs it on every leaf of the group, so that the state stays the same everywhere (the cost of one process's
+/// update on each rank, and the state replicated: stated in docs/optimizer.md).
+using stateful_leaf_work =
+    std::function<void(const rule_step&, const leaf_desc&, std::size_t leaf, float* x, leaf_arrays& state)>;
+
 /// The leaves one chain of a rule updates (upstream's multi_transform groups: Muon's "muon" and "adamw"). Each group
 /// has its own clipping (over its own leaves), schedule, weight decay and constants.
 struct rule_group {
@@ -94,6 +119,9 @@ struct rule_group {
   std::optional<double> peak_lr;       ///< the group's own schedule peak (Muon's adam_lr); unset: learning_rate
   double lr_factor = 1.0;              ///< the group's lr as a multiple of the schedule's (Scion's signum)
   std::optional<double> weight_decay;  ///< the group's own weight decay; unset: the config's
+  /// Optional, with `prep`: per-leaf state of the rule's own shapes, made once per leaf, and the work that uses it.
+  std::function<leaf_arrays(const leaf_desc&)> leaf_state;
+  stateful_leaf_work leaf_with_state;
 };
 
 /// An optimizer as a rule (see the file comment).
@@ -102,11 +130,23 @@ struct rule_def {
   std::vector<std::string> buffers;  ///< state buffer names, as opt_state.h5 holds them (at most 4), every leaf
   std::vector<rule_group> groups;    ///< one, or several with `label`
   std::function<std::size_t(const leaf_desc&)> label;  ///< the group of each leaf (unset: group 0)
+  /// Optional: whole-rule integer state (saved as scalars `<name>`), with its initial values.
+  std::vector<std::pair<std::string, std::int64_t>> words;
+  /// Optional: once per applied step, before any leaf work, on every rank alike: updates `words` and fills
+  /// rule_step::w for every group (t is the step's rule_step::t).
+  std::function<void(std::int64_t t, std::vector<std::pair<std::string, std::int64_t>>& words, std::uint64_t* w)>
+      begin;
 };
 
 namespace detail {
 void check_rule_placement(std::string_view type);  // src/optim/rules.cpp: refuses arrays in device memory
-}
+// update_rms_clipping and clip_update_norm (src/optim/rules.cpp): the rule's loop first records its direction u into
+// rule_chunk::x as -u (run with p pointing there, no decay and lr 1); then
+//   finish_recorded: x := u + wd p where the leaf decays; returns the sum of x^2;
+//   apply_recorded:  p := p + ((x / k[0]) * k[1]) * neg_lr; returns the sum of the steps' squares.
+double finish_recorded(const rule_step& st, const rule_chunk& c);
+double apply_recorded(const rule_step& st, const rule_chunk& c);
+}  // namespace detail
 
 /// The leaves of `params` as rules see them, in tree order.
 template <class M>
@@ -150,6 +190,16 @@ class rule_optimizer final : public placed_optimizer<M> {
       skip_losses_ = rolling_window::with_capacity(skip_->rolling_interval_length);
       skip_grad_norms_ = rolling_window::with_capacity(skip_->rolling_interval_length);
     }
+    if (cfg.update_rms_clipping && *cfg.update_rms_clipping <= 0)
+      throw std::invalid_argument("optimizer.update_rms_clipping: must be a positive number or unset");
+    if (cfg.update_rms_clipping && cfg.clip_update_norm)
+      throw std::invalid_argument(
+          "optimizer.clip_update_norm: cannot be used together with update_rms_clipping; unset one of them");
+    if (cfg.clip_update_norm && cfg.clip_update_norm->rolling_interval_length < 1)
+      throw std::invalid_argument("optimizer.clip_update_norm.rolling_interval_length: must be at least 1");
+    rms_clip_ = cfg.update_rms_clipping;
+    clip_norm_ = cfg.clip_update_norm;
+    if (clip_norm_) update_norms_ = rolling_window::with_capacity(clip_norm_->rolling_interval_length);
     if (rule_.buffers.size() > 4) throw std::logic_error("rule_optimizer: at most 4 state buffers");
     if (rule_.groups.empty()) throw std::logic_error("rule_optimizer: a rule needs a group");
     trees_.resize(rule_.buffers.size());
@@ -162,6 +212,11 @@ class rule_optimizer final : public placed_optimizer<M> {
       if (g >= rule_.groups.size()) throw std::logic_error("rule_optimizer: a label names no group");
       group_.push_back(g);
     }
+    for (std::size_t i = 0; i < descs_.size(); ++i) {
+      const auto& g = rule_.groups[group_[i]];
+      leaf_state_.push_back(g.leaf_state ? g.leaf_state(descs_[i]) : leaf_arrays{});
+    }
+    words_ = rule_.words;
     for (const auto& g : rule_.groups) {
       wd_.push_back(g.weight_decay.value_or(cfg.weight_decay));
       if (g.peak_lr) {
@@ -171,7 +226,7 @@ class rule_optimizer final : public placed_optimizer<M> {
       } else {
         schedules_.push_back(schedule_);
       }
-      has_leaf_work_ = has_leaf_work_ || static_cast<bool>(g.leaf);
+      has_leaf_work_ = has_leaf_work_ || static_cast<bool>(g.leaf) || static_cast<bool>(g.leaf_with_state);
     }
     const auto mask = weight_decay_mask(cfg, params);
     for (std::size_t i = 0; i < descs_.size(); ++i) decay_.push_back(wd_[group_[i]] > 0 && (!mask || (*mask)[i]));
@@ -217,6 +272,10 @@ class rule_optimizer final : public placed_optimizer<M> {
   // skipped step leaves alone) and the skip history.
   void save_scalars(checkpoint::snapshot& s) const override {
     s.add_scalar("count", count_);
+    for (const auto& [name, v] : words_) s.add_scalar(name, v);
+    if (clip_norm_) detail::add_window(s, "update_norms", update_norms_);
+    for (std::size_t l = 0; l < leaf_state_.size(); ++l)
+      for (const auto& [name, v] : leaf_state_[l].arrays) s.add_vector(name + "." + descs_[l].path, v);
     if (!skip_) return;
     s.add_scalar("applied", applied_);
     detail::add_window(s, "skip_losses", skip_losses_);
@@ -225,12 +284,28 @@ class rule_optimizer final : public placed_optimizer<M> {
   void load_scalars(const checkpoint::reader& r) override {
     count_ = r.scalar<std::int64_t>("count");
     applied_ = count_;
+    for (auto& [name, v] : words_) v = r.scalar<std::int64_t>(name);
+    if (clip_norm_) detail::read_window(r, "update_norms", update_norms_);
+    for (std::size_t l = 0; l < leaf_state_.size(); ++l)
+      for (auto& [name, v] : leaf_state_[l].arrays) {
+        const std::string key = name + "." + descs_[l].path;
+        auto got = r.vector<float>(key);
+        if (got.size() != v.size())
+          throw checkpoint::error("'" + key + "' holds " + std::to_string(got.size()) + " values but optimizer '" +
+                                  std::string(rule_.type) + "' needs " + std::to_string(v.size()) +
+                                  " for this model: the checkpoint was written for another model or optimizer "
+                                  "config");
+        v = std::move(got);
+      }
     if (!skip_) return;
     applied_ = r.scalar<std::int64_t>("applied");
     detail::read_window(r, "skip_losses", skip_losses_);
     detail::read_window(r, "skip_grad_norms", skip_grad_norms_);
   }
   void check_tensor_parallel() const override {
+    if (rms_clip_)
+      throw std::invalid_argument("optimizer.update_rms_clipping: not supported with tensor parallelism "
+                                  "(trainer.model_axis_size > 1); use clip_update_norm or max_grad_norm");
     if (has_leaf_work_)
       throw std::invalid_argument("optimizer.type '" + std::string(rule_.type) +
                                   "': not supported with tensor parallelism (trainer.model_axis_size > 1): its update "
@@ -244,7 +319,8 @@ class rule_optimizer final : public placed_optimizer<M> {
     const auto* ts = this->ts();
     if (ts && ts->split.size() != leaves.size())
       throw std::invalid_argument("levanter::optim: the tensor split does not match the parameters");
-    const auto chunks = layout::make_chunks(leaves);
+    std::size_t num_slices = 0;
+    const auto chunks = layout::make_chunks(leaves, &num_slices);
     std::size_t c_lo = 0, c_hi = chunks.size();
     if (sh) {
       while (c_lo < chunks.size() && chunks[c_lo].flat < sh->lo()) ++c_lo;
@@ -324,6 +400,7 @@ class rule_optimizer final : public placed_optimizer<M> {
       s.neg_lr = -s.lr;
       s.wd = static_cast<float>(wd_[gi]);
       s.t = applied_ + 1;
+      s.leaves = leaves.size();
       const double norm = std::sqrt(gsq[gi]);
       const bool clip_on = grp.max_grad_norm && (*grp.max_grad_norm != 0.0 || grp.clip_at_zero);
       s.clip = clip_on && !(static_cast<float>(norm) < static_cast<float>(*grp.max_grad_norm));
@@ -333,6 +410,11 @@ class rule_optimizer final : public placed_optimizer<M> {
     }
     ++count_;
     ++applied_;
+    if (rule_.begin) {
+      std::uint64_t w[4] = {};
+      rule_.begin(applied_, words_, w);
+      for (auto& s : st) std::copy(std::begin(w), std::end(w), s.w);
+    }
     auto has_norm = [](const rule_group& g) { return g.norm_loop != nullptr; };
     if (std::any_of(rule_.groups.begin(), rule_.groups.end(), has_norm)) {
       const auto nsq = totals(each_chunk(has_norm, [&](const rule_group& g, std::size_t ci) {
@@ -364,11 +446,73 @@ class rule_optimizer final : public placed_optimizer<M> {
         leaf_mean[l] = static_cast<float>(sum[l]) / static_cast<float>(size[l]);
     }
     if (has_leaf_work_) prepare(leaves, chunks, c_lo, mine, st, at);
-    const auto usq = totals(each_chunk([](const rule_group&) { return true; }, [&](const rule_group& g,
-                                                                                  std::size_t ci) {
+    auto every = [](const rule_group&) { return true; };
+    if (!rms_clip_ && !clip_norm_) {
+      const auto usq = totals(each_chunk(every, [&](const rule_group& g, std::size_t ci) {
+        auto c = at(ci);
+        c.leaf_mean = leaf_mean[chunks[ci].leaf];
+        return g.loop(st[group_of(ci)], c);
+      }));
+      stats.update_norm = std::sqrt(sum_of(usq));
+      return stats;
+    }
+    // Clipping the update (upstream's AdamW chain: after add_decayed_weights, before the learning rate): the loop
+    // records its direction, the decay is added, the norms are taken (per slice: a Stacked leaf's layer), then the
+    // clipped step is applied.
+    const std::int64_t range = sh ? sh->hi() - sh->lo() : [&] {
+      std::int64_t t = 0;
+      for (const auto& l : leaves) t += l.n;
+      return t;
+    }();
+    record_.assign(static_cast<std::size_t>(range), 0.0f);
+    auto rec = [&](std::size_t ci) { return record_.data() + (chunks[ci].flat - lo); };
+    each_chunk(every, [&](const rule_group& g, std::size_t ci) {
       auto c = at(ci);
       c.leaf_mean = leaf_mean[chunks[ci].leaf];
-      return g.loop(st[group_of(ci)], c);
+      c.p = rec(ci);
+      c.decay = false;
+      rule_step s = st[group_of(ci)];
+      s.wd = 0;
+      s.neg_lr = -1;
+      g.loop(s, c);
+      return 0.0;
+    });
+    const auto sq = each_chunk(every, [&](const rule_group&, std::size_t ci) {
+      auto c = at(ci);
+      c.x = rec(ci);
+      return detail::finish_recorded(st[group_of(ci)], c);
+    });
+    std::vector<float> slice_div(num_slices, 1.0f);
+    float mul = 1.0f;
+    if (rms_clip_) {
+      // scan_aware_clip_by_block_rms: u / max(1, rms(u) / threshold), per leaf or per Stacked layer
+      std::vector<double> slice_sq(num_slices, 0.0);
+      std::vector<std::size_t> slice_leaf(num_slices, 0);
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        slice_sq[chunks[i].slice] += sq[i];
+        slice_leaf[chunks[i].slice] = chunks[i].leaf;
+      }
+      for (std::size_t k = 0; k < num_slices; ++k) {
+        const auto& l = leaves[slice_leaf[k]];
+        const double rms = std::sqrt(slice_sq[k] / static_cast<double>(l.n / l.slices));
+        slice_div[k] = std::max(1.0f, static_cast<float>(rms / *rms_clip_));
+      }
+    } else {
+      // clip_update_by_historical_norm: scale by threshold / norm when the norm exceeds the history's
+      // mean + sigma * std; the unclipped norm joins the history
+      const double norm = std::sqrt(sum_of(totals(sq)));
+      const double max_norm = update_norms_.ready() ? update_norms_.threshold(clip_norm_->sigma_factor)
+                                                    : std::numeric_limits<double>::infinity();
+      if (norm > max_norm) mul = static_cast<float>(max_norm / std::max(norm, 1e-6));
+      update_norms_.push(norm);
+    }
+    const auto usq = totals(each_chunk(every, [&](const rule_group&, std::size_t ci) {
+      auto c = at(ci);
+      c.x = rec(ci);
+      rule_step s = st[group_of(ci)];
+      s.k[0] = slice_div[chunks[ci].slice];
+      s.k[1] = mul;
+      return detail::apply_recorded(s, c);
     }));
     stats.update_norm = std::sqrt(sum_of(usq));
     return stats;
@@ -396,6 +540,7 @@ class rule_optimizer final : public placed_optimizer<M> {
     for (std::size_t l = 0; l < leaves.size(); ++l) {
       const auto& g = rule_.groups[group_[l]];
       if (g.leaf && off < hi && off + leaves[l].n > lo) g.leaf(st[group_[l]], descs_[l], scratch_.data() + off);
+      if (g.leaf_with_state) g.leaf_with_state(st[group_[l]], descs_[l], l, scratch_.data() + off, leaf_state_[l]);
       off += leaves[l].n;
     }
   }
@@ -425,6 +570,12 @@ class rule_optimizer final : public placed_optimizer<M> {
   rolling_window skip_losses_, skip_grad_norms_;
   std::vector<std::vector<float*>> leaf_ptrs_;
   std::vector<float> scratch_;
+  std::optional<double> rms_clip_;                  // update_rms_clipping
+  std::optional<ClipUpdateNormConfig> clip_norm_;   // clip_update_norm
+  rolling_window update_norms_;                     // its history (unclipped norms of applied steps)
+  std::vector<float> record_;                       // the recorded directions (this rank's range)
+  std::vector<leaf_arrays> leaf_state_;                            // per leaf (rule_group::leaf_state)
+  std::vector<std::pair<std::string, std::int64_t>> words_;       // rule_def::words
 };
 
 }  // namespace levanter::optim

@@ -36,6 +36,8 @@ rule_def mars_rule(const MarsConfig& c);
 rule_def muon_rule(const MuonConfig& c);
 rule_def scion_rule(const ScionConfig& c);
 rule_def mini_rule(const MiniConfig& c);
+rule_def soap_rule(const SoapConfig& c);  // src/optim/preconditioned.cpp
+rule_def kron_rule(const KronConfig& c);  // src/optim/preconditioned.cpp
 
 /// upstream's zeropower_via_newtonschulz5 on `layers` row-major rows x cols matrices at x, in place, each scaled by
 /// `scale` after `steps` iterations (coefficients 3.4445, -4.7750, 2.0315; x / (|x|_F + eps) first).
