@@ -53,8 +53,8 @@ gpt2_small make(float value) {
   return m;
 }
 
-// The same model with its matrices as Linear weights (what Muon, Scion and Adam-mini group by): embeddings and
-// the norms and biases as flat leaves, each block's c_attn, c_proj, c_fc and mlp c_proj as {in, out} Linears
+// The same model with its matrices as Linear weights (what Muon, Scion and Adam-mini group by): the embeddings as
+// {vocab, embed} and {position, embed} tables, the norms and biases as flat leaves, each block's c_attn, c_proj, c_fc and mlp c_proj as {in, out} Linears
 // (GPT-2's layout), one per layer (not Stacked).
 inline constexpr struct E final : haliax::axis<"embed"> {
 } E;
@@ -70,8 +70,15 @@ struct gpt2_block {
                            (hax::nn::Linear<hax::axes<E>, hax::axes<Mlp>>, c_fc),
                            (hax::nn::Linear<hax::axes<Mlp>, hax::axes<EOut>>, mlp_proj));
 };
+inline constexpr struct Vocab final : haliax::axis<"vocab"> {
+} Vocab;
+inline constexpr struct Pos final : haliax::axis<"position"> {
+} Pos;
+using table = hax::named_array<float, hax::axes<Vocab, E>>;
+using positions = hax::named_array<float, hax::axes<Pos, E>>;
 struct gpt2_linears {
-  BOOST_HANA_DEFINE_STRUCT(gpt2_linears, (std::vector<leaf>, flat), (std::vector<gpt2_block>, blocks));
+  BOOST_HANA_DEFINE_STRUCT(gpt2_linears, (table, wte), (positions, wpe), (std::vector<leaf>, flat),
+                           (std::vector<gpt2_block>, blocks));
 };
 
 template <class A>
@@ -86,7 +93,11 @@ void fill(A& x, float value) {
 gpt2_linears make_linears(float value) {
   const int64_t e = 768, v = 50257, pos = 1024;
   gpt2_linears m;
-  std::vector<int64_t> flat{v * e, pos * e};
+  m.wte = table::allocate({v, e}, "bench::param");
+  m.wpe = positions::allocate({pos, e}, "bench::param");
+  fill(m.wte, value);
+  fill(m.wpe, value);
+  std::vector<int64_t> flat;
   for (int l = 0; l < 12; ++l)
     for (int64_t n : {e, e, 3 * e, e, e, e, 4 * e, e}) flat.push_back(n);  // ln_1, c_attn/c_proj biases, ln_2, ...
   flat.push_back(e);

@@ -298,6 +298,22 @@ float norm_lower_bound(const float* A, int64_t d) {
 
 float bias(double b, int64_t t) { return 1.0f - std::pow(static_cast<float>(b), static_cast<float>(t)); }
 
+// The factors of one leaf (matrices of pad x pad per block and dimension) must fit: upstream gives every 1-D leaf a
+// full matrix, which for a long flat leaf is blocks x block_size^2 floats.
+void check_factor_size(std::string_view type, const leaf_plan& p, const leaf_desc& d, bool (*has_matrix)(bool)) {
+  double floats = 0;
+  for (std::size_t i = 0; i < p.dims.size(); ++i)
+    if (has_matrix(p.flag[i]))
+      floats += static_cast<double>(p.layers * p.blocks) * static_cast<double>(p.pad[i]) * static_cast<double>(p.pad[i]);
+  if (floats > 4e9)
+    throw std::invalid_argument(
+        "optimizer.type '" + std::string(type) + "': parameter '" + d.path + "' would need " +
+        std::to_string(static_cast<int64_t>(floats)) +
+        " floats of preconditioner factors (it has " + std::to_string(p.layers * p.layer_elems) +
+        " elements); lower block_size, or keep such dimensions without a matrix (SOAP: max_precond_dim; Kron: "
+        "max_size_triangular)");
+}
+
 // ---- PSGD Kron ----------------------------------------------------------------------------------------------------
 
 struct kron_params {
@@ -334,6 +350,7 @@ leaf_plan kron_plan(const kron_params& c, const leaf_desc& d) {
 
 leaf_arrays kron_state(const kron_params& c, const leaf_desc& d) {
   const auto p = kron_plan(c, d);
+  check_factor_size("kron", p, d, [](bool diag) { return !diag; });
   int64_t n = 1;
   for (auto s : d.sizes) n *= s;
   leaf_arrays s;
@@ -519,6 +536,7 @@ leaf_plan soap_plan(const soap_params& c, const leaf_desc& d) {
 
 leaf_arrays soap_state(const soap_params& c, const leaf_desc& d) {
   const auto p = soap_plan(c, d);
+  check_factor_size("soap", p, d, [](bool none) { return !none; });
   int64_t n = 1;
   for (auto s : d.sizes) n *= s;
   leaf_arrays s;
