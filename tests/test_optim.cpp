@@ -498,6 +498,47 @@ toy random_toy(unsigned seed, float scale = 1.0f) {
   return m;
 }
 
+TEST_CASE("rule optimizers: the AVX2 build of the element loops gives the baseline's bits") {
+  const bool was = opt::detail::set_rule_loops_avx2(true);
+  const bool have = opt::detail::rule_loops_avx2();
+  opt::detail::set_rule_loops_avx2(was);
+  if (!have) {
+    MESSAGE("this CPU has no AVX2: only the baseline loops run here");
+    return;
+  }
+  for (const char* type : {"lion", "adopt", "rmsprop", "cautious", "mars", "muon", "scion", "mini"}) {
+    CAPTURE(type);
+    // clipping on some steps (0.5 against unit normal gradients), decay on the masked leaves
+    const auto choice = choice_of(type, json{{"learning_rate", 0.01}, {"warmup", 0.0}, {"max_grad_norm", 2.0},
+                                             {"weight_decay", 0.1}});
+    std::vector<toy> out;
+    for (bool avx2 : {false, true}) {
+      opt::detail::set_rule_loops_avx2(avx2);
+      toy p = random_toy(7);
+      auto o = opt::make_optimizer(choice, 6, p);
+      for (int k = 0; k < 4; ++k) o->update(p, random_toy(20 + static_cast<unsigned>(k), k % 2 ? 0.1f : 1.0f), 1.0);
+      out.push_back(std::move(p));
+    }
+    opt::detail::set_rule_loops_avx2(was);
+    hax::tree::zip_leaves(out[0], out[1], [&](const std::string& name, const auto& x, const auto& y) {
+      CHECK_MESSAGE(x.to_host() == y.to_host(), name);
+    });
+  }
+}
+
+TEST_CASE("soap and kron: a leaf whose factors cannot fit is refused by name, with what to change") {
+  // upstream gives a 1-D leaf a full matrix: unblocked, 70,000 elements would need 4.9e9 floats
+  toy m = make_toy(5, 4, 3, 70000, 2);
+  const auto soap = choice_of("soap", json{{"partition_grads_into_blocks", false}});
+  CHECK_THROWS_WITH_AS(opt::make_optimizer(soap, 10, m), doctest::Contains("parameter 'head.bias' would need"),
+                       std::invalid_argument);
+  const auto kron = choice_of("kron", json{{"partition_grads_into_blocks", false}, {"merge_small_dims", false},
+                                           {"max_size_triangular", 100000}});
+  CHECK_THROWS_WITH_AS(opt::make_optimizer(kron, 10, m), doctest::Contains("max_size_triangular"),
+                       std::invalid_argument);
+  CHECK_NOTHROW(opt::make_optimizer(choice_of("kron", json::object()), 10, m));  // blocks of 256: it fits
+}
+
 TEST_CASE("rule optimizers: update_rms_clipping and clip_update_norm clip the direction as AdamW's chain does") {
   // Lion's direction is sign(...): every element +-1, so each leaf's (and Stacked layer's) RMS is 1; clipped to 0.5
   // every step halves, clipped to 2 nothing changes (bit for bit).

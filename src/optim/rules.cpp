@@ -1,6 +1,7 @@
-// The element loops of the optimizers written as rules (levanter/optim/rule.hpp), compiled once for the baseline
-// instruction set (SSE2; without FMA no multiply-add is contracted, and -fno-math-errno lets sqrt vectorise): every
-// program that links levanter_core computes the same bits. Each loop does, per element, the float operations of
+// The element loops of the optimizers written as rules (levanter/optim/rule.hpp), compiled for the baseline
+// instruction set (SSE2) and again for AVX2, picked at run time; neither uses FMA, so no multiply-add is contracted
+// (and -fno-math-errno lets sqrt vectorise): every program that links levanter_core computes the same bits on any
+// x86-64. Each loop does, per element, the float operations of
 // upstream's optax chain in optax's order.
 #include <levanter/optim/rule.hpp>
 #include <levanter/optim/rules.hpp>
@@ -12,12 +13,42 @@
 #include <functional>
 #include <numeric>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
 namespace levanter::optim {
 
+namespace {
+// Whether the element loops run their AVX2 build: the CPU has AVX2 and LEVANTER_ISA is not "baseline" (as AdamW's).
+bool rules_avx2_default() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const char* forced = std::getenv("LEVANTER_ISA");
+  if (forced && std::strcmp(forced, "baseline") == 0) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+bool rule_isa_avx2 = rules_avx2_default();
+}  // namespace
+
 namespace detail {
+bool set_rule_loops_avx2(bool on) {
+  const bool was = rule_isa_avx2;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  rule_isa_avx2 = on && __builtin_cpu_supports("avx2");
+#else
+  rule_isa_avx2 = false;
+  (void)on;
+#endif
+  return was;
+}
+bool rule_loops_avx2() { return rule_isa_avx2; }
+
 double finish_recorded(const rule_step& st, const rule_chunk& c) {
   double sq = 0;
   const float wd = st.wd;
@@ -52,6 +83,7 @@ void check_rule_placement(std::string_view type) {
 
 namespace levanter::optim {
 namespace {
+
 
 // add_decayed_weights, then scale(-lr), then apply_updates: p + (u + wd * p) * -lr. Returns the step.
 template <bool Decay>
@@ -372,11 +404,29 @@ void mean_over_axes(float* x, const std::vector<int64_t>& sizes, std::vector<int
   }
 }
 
-// The four compiled variants of a loop, picked by the step's clipping and the leaf's decay.
-#define LEVANTER_RULE_LOOP(name)                                                   \
-  double name(const rule_step& st, const rule_chunk& c) {                          \
-    if (st.clip) return c.decay ? name##_v<true, true>(st, c) : name##_v<true, false>(st, c);  \
-    return c.decay ? name##_v<false, true>(st, c) : name##_v<false, false>(st, c); \
+// The four compiled variants of a loop, picked by the step's clipping and the leaf's decay, each twice: for the
+// baseline and, on x86-64, for AVX2 without FMA (target "avx2" does not imply "fma", and nothing is contracted), so
+// the arithmetic is the baseline's, eight lanes wide, and the results the same bits (tests/test_optim.cpp).
+// `flatten` inlines the block loop and its body into the AVX2 function, so that they are compiled for it.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LEVANTER_RULES_AVX2 1
+#define LEVANTER_RULE_LOOP_AVX2(name)                                                   \
+  template <bool Clip, bool Decay>                                                      \
+  [[gnu::target("avx2"), gnu::flatten]] double name##_avx2(const rule_step& st, const rule_chunk& c) { \
+    return name##_v<Clip, Decay>(st, c);                                                \
+  }
+#define LEVANTER_RULE_PICK(name, Clip, Decay) \
+  (rule_isa_avx2 ? name##_avx2<Clip, Decay>(st, c) : name##_v<Clip, Decay>(st, c))
+#else
+#define LEVANTER_RULE_LOOP_AVX2(name)
+#define LEVANTER_RULE_PICK(name, Clip, Decay) name##_v<Clip, Decay>(st, c)
+#endif
+#define LEVANTER_RULE_LOOP(name)                                                         \
+  LEVANTER_RULE_LOOP_AVX2(name)                                                          \
+  double name(const rule_step& st, const rule_chunk& c) {                                \
+    if (st.clip)                                                                         \
+      return c.decay ? LEVANTER_RULE_PICK(name, true, true) : LEVANTER_RULE_PICK(name, true, false); \
+    return c.decay ? LEVANTER_RULE_PICK(name, false, true) : LEVANTER_RULE_PICK(name, false, false); \
   }
 LEVANTER_RULE_LOOP(lion_loop)
 LEVANTER_RULE_LOOP(adopt_loop)
@@ -388,6 +438,8 @@ LEVANTER_RULE_LOOP(adam_loop)
 LEVANTER_RULE_LOOP(matrix_loop)
 LEVANTER_RULE_LOOP(signum_loop)
 LEVANTER_RULE_LOOP(mini_loop)
+#undef LEVANTER_RULE_PICK
+#undef LEVANTER_RULE_LOOP_AVX2
 #undef LEVANTER_RULE_LOOP
 
 // The Adam constants of step t into k[0..6].

@@ -8,9 +8,9 @@
 //   struct lion_rule { ... };                       // optim/rules/*.cpp: constants and the element loop
 //   auto opt = levanter::optim::make_optimizer(choice, num_train_steps, model);   // a rule_optimizer<M>
 //
-// The element loops are compiled once into levanter_core (src/optim/rules.cpp) for the baseline instruction set, so
-// every program computes the same bits. They read host memory: a build whose arrays live on a GPU refuses these
-// optimizers when they are made (AdamW has device kernels; the others wait for theirs).
+// The element loops are compiled into levanter_core (src/optim/rules.cpp) for the baseline instruction set and for
+// AVX2 without FMA, so every program computes the same bits. They read host memory: a build whose arrays live on a
+// GPU refuses these optimizers when they are made (AdamW has device kernels; the others wait for theirs).
 #pragma once
 
 #include <algorithm>
@@ -145,6 +145,10 @@ void check_rule_placement(std::string_view type);  // src/optim/rules.cpp: refus
 //   finish_recorded: x := u + wd p where the leaf decays; returns the sum of x^2;
 //   apply_recorded:  p := p + ((x / k[0]) * k[1]) * neg_lr; returns the sum of the steps' squares.
 double finish_recorded(const rule_step& st, const rule_chunk& c);
+/// The rule loops' instruction set (src/optim/rules.cpp): AVX2 where the CPU has it, unless LEVANTER_ISA=baseline.
+/// set_rule_loops_avx2 switches it (for tests and comparisons; both give the same bits) and returns the old setting.
+bool rule_loops_avx2();
+bool set_rule_loops_avx2(bool on);
 double apply_recorded(const rule_step& st, const rule_chunk& c);
 }  // namespace detail
 
