@@ -351,8 +351,7 @@ leaf_plan kron_plan(const kron_params& c, const leaf_desc& d) {
 leaf_arrays kron_state(const kron_params& c, const leaf_desc& d) {
   const auto p = kron_plan(c, d);
   check_factor_size("kron", p, d, [](bool diag) { return !diag; });
-  int64_t n = 1;
-  for (auto s : d.sizes) n *= s;
+  const int64_t n = p.layers * p.layer_elems;
   leaf_arrays s;
   s.add("mu", std::vector<float>(static_cast<std::size_t>(n), 0.0f));
   const float scale = std::pow(static_cast<float>(c.init_scale), 1.0f / static_cast<float>(p.rank()));
@@ -537,8 +536,7 @@ leaf_plan soap_plan(const soap_params& c, const leaf_desc& d) {
 leaf_arrays soap_state(const soap_params& c, const leaf_desc& d) {
   const auto p = soap_plan(c, d);
   check_factor_size("soap", p, d, [](bool none) { return !none; });
-  int64_t n = 1;
-  for (auto s : d.sizes) n *= s;
+  const int64_t n = p.layers * p.layer_elems;
   leaf_arrays s;
   s.add("exp_avg", std::vector<float>(static_cast<std::size_t>(n), 0.0f));
   s.add("exp_avg_sq", std::vector<float>(static_cast<std::size_t>(n), 0.0f));

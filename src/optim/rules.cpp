@@ -5,6 +5,7 @@
 // upstream's optax chain in optax's order.
 #include <levanter/optim/rule.hpp>
 #include <levanter/optim/rules.hpp>
+#include <levanter/optim/adamw_kernel.hpp>
 
 #include <haliax/detail/gemm.hpp>
 #include <haliax/detail/portable.hpp>
@@ -21,30 +22,15 @@
 namespace levanter::optim {
 
 namespace {
-// Whether the element loops run their AVX2 build: the CPU has AVX2 and LEVANTER_ISA is not "baseline" (as AdamW's).
-bool rules_avx2_default() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  const char* forced = std::getenv("LEVANTER_ISA");
-  if (forced && std::strcmp(forced, "baseline") == 0) return false;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
-#else
-  return false;
-#endif
-}
-bool rule_isa_avx2 = rules_avx2_default();
+// Whether the element loops run their AVX2 build: as AdamW's loop (the CPU has AVX2 and LEVANTER_ISA is not
+// "baseline").
+bool rule_isa_avx2 = std::strcmp(detail::adamw::kernel_isa(), "avx2") == 0;
 }  // namespace
 
 namespace detail {
 bool set_rule_loops_avx2(bool on) {
   const bool was = rule_isa_avx2;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  rule_isa_avx2 = on && __builtin_cpu_supports("avx2");
-#else
-  rule_isa_avx2 = false;
-  (void)on;
-#endif
+  rule_isa_avx2 = on && detail::adamw::isa_available(detail::adamw::isa::avx2);
   return was;
 }
 bool rule_loops_avx2() { return rule_isa_avx2; }
