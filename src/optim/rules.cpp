@@ -395,7 +395,6 @@ void mean_over_axes(float* x, const std::vector<int64_t>& sizes, std::vector<int
 // the arithmetic is the baseline's, eight lanes wide, and the results the same bits (tests/test_optim.cpp).
 // `flatten` inlines the block loop and its body into the AVX2 function, so that they are compiled for it.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define LEVANTER_RULES_AVX2 1
 #define LEVANTER_RULE_LOOP_AVX2(name)                                                   \
   template <bool Clip, bool Decay>                                                      \
   [[gnu::target("avx2"), gnu::flatten]] double name##_avx2(const rule_step& st, const rule_chunk& c) { \

@@ -145,11 +145,11 @@ void check_rule_placement(std::string_view type);  // src/optim/rules.cpp: refus
 //   finish_recorded: x := u + wd p where the leaf decays; returns the sum of x^2;
 //   apply_recorded:  p := p + ((x / k[0]) * k[1]) * neg_lr; returns the sum of the steps' squares.
 double finish_recorded(const rule_step& st, const rule_chunk& c);
+double apply_recorded(const rule_step& st, const rule_chunk& c);
 /// The rule loops' instruction set (src/optim/rules.cpp): AVX2 where the CPU has it, unless LEVANTER_ISA=baseline.
 /// set_rule_loops_avx2 switches it (for tests and comparisons; both give the same bits) and returns the old setting.
 bool rule_loops_avx2();
 bool set_rule_loops_avx2(bool on);
-double apply_recorded(const rule_step& st, const rule_chunk& c);
 }  // namespace detail
 
 /// The leaves of `params` as rules see them, in tree order.
