@@ -8,7 +8,9 @@
 #include <cstring>
 #include <haliax/detail/thread_pool.hpp>
 #include <levanter/config/yaml.hpp>
+#include <levanter/distributed/tree_comm.hpp>
 #include <levanter/optim/adamw.hpp>
+#include <levanter/optim/hessian.hpp>
 #include <levanter/optim/optimizer.hpp>
 #include <string>
 #include <vector>
@@ -175,9 +177,10 @@ void run_model(benchmark::State& state, const levanter::OptimizerChoice& choice,
   state.counters["params"] = static_cast<double>(hax::tree::parameter_count(params));
 }
 // `linears`: GPT-2's matrices as Linear weights (gpt2_linears), for the optimizers that treat them apart.
-void run_type(benchmark::State& state, const char* type, double floats_moved, bool linears = false) {
+void run_type(benchmark::State& state, const char* type, double floats_moved, bool linears = false,
+              const std::string& keys = "") {
   levanter::config::source_map sources;
-  const auto node = levanter::config::load_yaml_string(std::string("{type: ") + type + "}", "bench", sources);
+  const auto node = levanter::config::load_yaml_string(std::string("{type: ") + type + keys + "}", "bench", sources);
   const auto choice = levanter::config::decode<levanter::OptimizerChoice>(node, "optimizer", sources);
   if (linears)
     run_model(state, choice, make_linears(1e-3f), make_linears(1e-4f));
@@ -204,6 +207,53 @@ void BM_opt_mini(benchmark::State& s) { run_type(s, "mini", 1 + 4 + 2 + 6, true)
 // the GEMMs on the blocks are most of the time). SOAP's first update takes the eigenbases (eigh per factor).
 void BM_opt_soap(benchmark::State& s) { run_type(s, "soap", 1 + 3 + 4 + 2, true); }
 void BM_opt_kron(benchmark::State& s) { run_type(s, "kron", 1 + 3 + 2 + 2, true); }
+// Sophia-H between re-estimates (update_interval out of reach): g read for its norm, then p read and written, g read,
+// mu read and written, h read.
+void BM_opt_sophia(benchmark::State& s) { run_type(s, "sophia-h", 1 + 6, false, ", update_interval: 1000000000"); }
+// Sophia-H's probe direction alone: jax.random.normal per leaf, one threefry block and one inverse erf per parameter.
+void BM_hessian_probe_direction(benchmark::State& state) {
+  auto params = make(1e-3f);
+  std::vector<std::int64_t> sizes;
+  hax::tree::for_each_leaf(params, [&](const std::string&, const auto& l) { sizes.push_back(l.element_count()); });
+  std::vector<float> v(static_cast<std::size_t>(total()));
+  for (auto _ : state) {
+    levanter::optim::hessian_probe_direction({1u, 2u}, sizes, 0, total(), v.data());
+    benchmark::DoNotOptimize(v.data());
+  }
+  state.counters["params"] = static_cast<double>(total());
+}
+// A re-estimating update (every one here): h written too, and the product d read; plus, before it, what the trainer
+// does besides its two extra gradients: the probe direction (a normal per parameter, threefry), the parameters
+// perturbed twice and restored, and d from the two gradients (here the gradient stands in for both).
+void BM_opt_sophia_reestimate(benchmark::State& state) {
+  levanter::config::source_map sources;
+  const auto node = levanter::config::load_yaml_string("{type: sophia-h, update_interval: 1}", "bench", sources);
+  const auto choice = levanter::config::decode<levanter::OptimizerChoice>(node, "optimizer", sources);
+  auto params = make(1e-3f), grads = make(1e-4f);
+  auto opt = levanter::optim::make_optimizer(choice, 1000000, params);
+  std::vector<std::int64_t> sizes;
+  hax::tree::for_each_leaf(params, [&](const std::string&, const auto& l) { sizes.push_back(l.element_count()); });
+  const std::int64_t n = total();
+  std::vector<float> theta(static_cast<std::size_t>(n)), v(theta.size()), x(theta.size()), d(theta.size()),
+      g(theta.size());
+  levanter::distributed::copy_flat_range(params, theta.data(), 0, n, true);
+  levanter::distributed::copy_flat_range(grads, g.data(), 0, n, true);
+  for (auto _ : state) {
+    const auto probe = opt->hessian_probe();
+    levanter::optim::hessian_probe_direction(*probe, sizes, 0, n, v.data());
+    for (float sgn : {1.0f, -1.0f}) {
+      for (std::int64_t i = 0; i < n; ++i) x[i] = theta[i] + sgn * 1e-4f * v[i];
+      levanter::distributed::copy_flat_range(params, x.data(), 0, n, false);
+    }
+    levanter::distributed::copy_flat_range(params, theta.data(), 0, n, false);
+    levanter::optim::hessian_product(v.data(), g.data(), g.data(), 1e-4, n, d.data());
+    opt->set_hessian_product(d, 0);
+    auto s = opt->update(params, grads, 1.0);
+    benchmark::DoNotOptimize(s);
+    levanter::distributed::copy_flat_range(params, theta.data(), 0, n, true);
+  }
+  state.counters["params"] = static_cast<double>(n);
+}
 
 void BM_memcpy(benchmark::State& state) {
   auto x = make(1.0f), y = make(2.0f);
@@ -258,5 +308,8 @@ BENCHMARK(BM_opt_scion)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_opt_mini)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_opt_soap)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 BENCHMARK(BM_opt_kron)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_hessian_probe_direction)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_sophia)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_opt_sophia_reestimate)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 HALIAX_BENCHMARK_MAIN();

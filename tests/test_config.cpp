@@ -253,9 +253,13 @@ TEST_CASE("choices: type key, bare name, default, unknown and unsupported types"
   CHECK(dec<OptimizerChoice>("soap").get_if<SoapConfig>()->weight_decay == 0.0);  // upstream re-defaults it
   CHECK(round_trip(dec<OptimizerChoice>("{type: kron, block_size: 128}")).get_if<KronConfig>()->block_size == 128);
   CHECK(dec<OptimizerChoice>("kron").get_if<KronConfig>()->weight_decay == 0.1);
-  e = error_of([] { dec<OptimizerChoice>("{type: sophia-h, gamma: 0.01}"); });
-  CHECK(contains(e, "x.type (<yaml>:1): sophia-h is not supported yet; Sophia-H's Hutchinson estimate"));
-  CHECK(contains(e, "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion, mini, soap or kron"));
+  const auto sophia = round_trip(dec<OptimizerChoice>("{type: sophia-h, gamma: 0.02, clip_threshold: null}"));
+  REQUIRE(sophia.get_if<SophiaHConfig>());
+  CHECK(sophia.get_if<SophiaHConfig>()->gamma == 0.02);
+  CHECK_FALSE(sophia.get_if<SophiaHConfig>()->clip_threshold);
+  CHECK(dec<OptimizerChoice>("sophia-h").get_if<SophiaHConfig>()->update_interval == 10);
+  e = error_of([] { dec<OptimizerChoice>("{type: sophia-g}"); });  // upstream's is commented out
+  CHECK(contains(e, "unknown type 'sophia-g'; supported types: {adam,lion,adopt,rmsprop,cautious,mars,muon,scion,mini,soap,kron,sophia-h}"));
   e = error_of([] { dec<OptimizerChoice>("{type: lion, nesterov: true}"); });
   CHECK(contains(e, "nesterov"));
   e = error_of([] { dec<ModelChoice>("mixtral"); });

@@ -284,11 +284,14 @@ TEST_CASE("ZeRO-1 and FSDP: every rule optimizer and its model average equal the
   // muon and scion orthogonalise the stacked mlp weight, whose layers straddle the ranks' ranges (gathered first)
   // (the last two: update clipping, whose norms are taken over every rank's chunks, per Stacked layer or in all)
   for (std::string type : {"lion", "adopt", "rmsprop", "cautious", "mars", "muon", "scion", "mini", "soap", "kron",
-                           "muon, update_rms_clipping: 0.5", "lion, clip_update_norm: {rolling_interval_length: 2}"}) {
+                           "muon, update_rms_clipping: 0.5", "lion, clip_update_norm: {rolling_interval_length: 2}",
+                           "sophia-h, update_interval: 2, gamma: 1.0"}) {
     CAPTURE(type);
     levanter::config::source_map sources;
+    const bool sophia = type.rfind("sophia-h", 0) == 0;  // no max_grad_norm upstream; Hessian products every 2 steps
     const auto node = levanter::config::load_yaml_string(
-        "{type: " + type + ", learning_rate: 0.01, warmup: 0, max_grad_norm: 0.05}", "test", sources);
+        "{type: " + type + ", learning_rate: 0.01, warmup: 0" + (sophia ? "" : ", max_grad_norm: 0.05") + "}", "test",
+        sources);
     const auto choice = levanter::config::decode<levanter::OptimizerChoice>(node, "optimizer", sources);
     auto p_full = make_model(7), p_shard = make_model(7), p_ranged_init = make_model(7);
     auto full = opt::make_optimizer(choice, 20, p_full);
@@ -309,8 +312,21 @@ TEST_CASE("ZeRO-1 and FSDP: every rule optimizer and its model average equal the
       dist::copy_flat_range(p_ranged_init, flat.data(), 0, b.back(), true);
       p_range.assign(flat.begin() + r_lo, flat.begin() + r_hi);
     }
+    int probes = 0;
     for (int step = 0; step < 5; ++step) {
       const auto g = make_model(1000 + static_cast<unsigned>(step));
+      if (full->hessian_probe()) {  // a stand-in for v * Hv, the same on every rank; the ranged one gets its range
+        REQUIRE(sharded->hessian_probe());
+        auto d = make_model(2000 + static_cast<unsigned>(step));
+        const std::int64_t total = dist::flat_size(d);
+        std::vector<float> df(static_cast<std::size_t>(total));
+        dist::copy_flat_range(d, df.data(), 0, total, true);
+        full->set_hessian_product(df, 0);
+        sharded->set_hessian_product(df, 0);
+        if (w.size() > 1)
+          ranged->set_hessian_product(std::vector<float>(df.begin() + r_lo, df.begin() + r_hi), r_lo);
+        ++probes;
+      }
       const auto a = full->update(p_full, g, 1.0);
       const auto b = sharded->update(p_shard, g, 1.0);
       CHECK(a.grad_norm == b.grad_norm);
@@ -326,6 +342,7 @@ TEST_CASE("ZeRO-1 and FSDP: every rule optimizer and its model average equal the
         REQUIRE(std::memcmp(p_range.data(), pf.data() + r_lo, static_cast<std::size_t>(r_hi - r_lo) * 4) == 0);
       }
     }
+    CHECK(probes == (sophia ? 2 : 0));
     std::vector<std::vector<float>> fs, ss;
     full->for_each_state_tree([&](const std::string&, const model& t) { fs.push_back(flat_of(t)); }, p_full);
     sharded->for_each_state_tree([&](const std::string&, const model& t) { ss.push_back(flat_of(t)); }, p_shard);

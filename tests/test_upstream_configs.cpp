@@ -142,11 +142,40 @@ TEST_CASE("upstream configs resolve or are refused naming the key") { check_all(
 
 TEST_CASE("upstream configs with local data and tracker resolve or name their real first blocker") {
   // What a user does to try an upstream config here: point the data at local files and log locally instead of
-  // to Weights & Biases (the model and the rest of the trainer section are upstream's). The Llama, Mistral and
+  // to Weights & Biases, dropping the deprecated trainer.wandb alias as its refusal says (the model and the rest of
+  // the trainer section are upstream's). The Llama, Mistral and
   // Qwen configs resolve this way unless something else blocks them, which the expected file names.
   const std::string local = std::string(LEVANTER_SOURCE_DIR) + "/tests/golden/upstream_train_lm";
   check_all("upstream-config-expected-local-data.txt",
             {"--data.train_urls", "[\"" + local + "/train.jsonl\"]", "--data.validation_urls",
              "[\"" + local + "/validation.jsonl\"]", "--data.cache_dir", "/tmp/levanter-upstream-config-cache",
-             "--data.tokenizer", "byte", "--trainer.tracker", "{type: json_logger}"});
+             "--data.tokenizer", "byte", "--trainer.tracker", "{type: json_logger}", "--trainer.wandb", "null"});
+}
+
+TEST_CASE("upstream's optimizer fragments (optim/*.yaml) resolve as the optimizer section of a config") {
+  // They are `optimizer:` sections, not whole configs (as such they are refused above for their `type` key): included
+  // under `optimizer:` (YAML !include) in a config with local data, each must resolve.
+  const fs::path root = fs::path(LEVANTER_SOURCE_DIR) / "tests" / "upstream-config" / "optim";
+  const std::string local = std::string(LEVANTER_SOURCE_DIR) + "/tests/golden/upstream_train_lm";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(root)) {
+    if (e.path().extension() != ".yaml") continue;
+    CAPTURE(e.path().filename().string());
+    const fs::path cfg = fs::temp_directory_path() / ("optim_fragment_" + e.path().stem().string() + ".yaml");
+    {
+      std::ofstream out(cfg);
+      out << "optimizer: !include " << e.path().string() << "\n";
+    }
+    const auto o = run(cfg, "", {"--data.train_urls", "[\"" + local + "/train.jsonl\"]", "--data.validation_urls",
+                                 "[\"" + local + "/validation.jsonl\"]", "--data.cache_dir",
+                                 "/tmp/levanter-upstream-config-cache", "--data.tokenizer", "byte"});
+    CHECK_MESSAGE(o.resolved, o.message);
+    const std::string path = cfg.string();
+    const char* argv[] = {"train_lm", "--config_path", path.c_str()};
+    const auto r = config::parse_command_line<TrainLmConfig>(3, argv);
+    CHECK(r.config.optimizer.type_name() == "sophia-h");
+    fs::remove(cfg);
+    ++n;
+  }
+  CHECK(n == 4);  // sophia-h_{small,medium,large,xl}
 }

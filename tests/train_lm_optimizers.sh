@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The optimizers written as rules (lion, adopt, rmsprop, cautious, mars, muon, scion, mini, soap, kron; optim/rules.hpp)
+# The optimizers written as rules (lion, adopt, rmsprop, cautious, mars, muon, scion, mini, soap, kron, sophia-h;
+# optim/rules.hpp)
 # through the real program: each trains GPT-2 (the embedded default) with falling loss and resumes from a checkpoint
 # to byte-identical losses and final state; each trains a nano Llama;
-# Cautious trains on 2 ranks under ZeRO-1, FSDP and tensor parallelism, Muon and Kron under ZeRO-1 and FSDP, to the losses
+# Cautious trains on 2 ranks under ZeRO-1, FSDP and tensor parallelism, Muon, Kron and Sophia-H under ZeRO-1 and FSDP, to the losses
 # of one process; a model average (trainer.model_averaging) is evaluated and resumes bitwise.
 # Usage: train_lm_optimizers.sh TRAIN_LM REPO_VIEW WORK_DIR [MPIEXEC]
 set -euo pipefail
@@ -13,7 +14,7 @@ mpiexec=${4:-}
 source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
 fresh_work_dir "$work"
 work=$(pwd)
-types=(lion adopt rmsprop cautious mars muon scion mini soap kron)
+types=(lion adopt rmsprop cautious mars muon scion mini soap kron sophia-h)
 
 common=(--trainer.num_train_steps 12 --trainer.steps_per_eval 1000 --trainer.log_dir "$work/logs"
         --trainer.checkpointer.base_path "$work/ckpt" --trainer.checkpointer.keep '[{every: 6}]')
@@ -51,8 +52,14 @@ resumes() {
 }
 
 # own_args TYPE: SOAP and Kron pad every block to block_size; 64 keeps this small model's blocks small (and cuts its
-# 257-token vocabulary into 5 blocks).
-own_args() { case $1 in soap | kron) echo --optimizer.block_size 64 ;; esac; }
+# 257-token vocabulary into 5 blocks). Sophia-H re-estimates its Hessian every 3 steps (Hessian products at steps 3,
+# 6, 9, 12: the checkpoint at 6 holds the probe key a resumed run must continue from).
+own_args() {
+  case $1 in
+    soap | kron) echo --optimizer.block_size 64 ;;
+    sophia-h) echo --optimizer.update_interval 3 ;;
+  esac
+}
 for t in "${types[@]}"; do
   read -ra own <<< "$(own_args "$t")"
   run --optimizer.type "$t" "${own[@]}" --trainer.id "g-$t" > "g-$t.out" 2>&1 || { cat "g-$t.out"; fail "$t on GPT-2 failed"; }
@@ -103,8 +110,9 @@ if [ -n "$mpiexec" ]; then
   }
   # cautious: its per-leaf sums run over the model group under TP; muon: Newton-Schulz on matrices gathered from the
   # ranks' ranges; kron: its factors replicated, every rank fitting every block (tensor parallelism refused for
-  # both). Every rule's update: tests/test_distributed.cpp.
-  for t in cautious muon kron; do
+  # both); sophia-h: its Hessian products from gradients at perturbed parameters, each rank perturbing the part it
+  # holds. Every rule's update: tests/test_distributed.cpp.
+  for t in cautious muon kron sophia-h; do
     read -ra own <<< "$(own_args "$t")"
     run --optimizer.type "$t" "${own[@]}" "${par[@]}" --trainer.id "ref-$t" > "ref-$t.out" 2>&1 || { cat "ref-$t.out"; fail "$t: reference failed"; }
     timeout 300 "${mpi[@]}" -n 2 "$train_lm" "${common[@]}" --optimizer.type "$t" "${own[@]}" "${par[@]}" --trainer.id "zero-$t" \

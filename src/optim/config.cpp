@@ -223,6 +223,17 @@ void validate(config::validator& v, const KronConfig& o) {
   check_block(v, o.merge_small_dims, o.target_merged_dim_size, o.partition_grads_into_blocks, o.block_size);
 }
 
+void validate(config::validator& v, const SophiaHConfig& o) {
+  validate_base(v, o);
+  check_beta(v, "optimizer.beta1", o.beta1);
+  check_beta(v, "optimizer.beta2", o.beta2);
+  check_eps(v, "optimizer.epsilon", o.epsilon);
+  if (o.clip_threshold) check_real(v, "optimizer.clip_threshold", *o.clip_threshold, 0, 1e30, true);
+  check_real(v, "optimizer.gamma", o.gamma, 0, 1e30, true);
+  check_int(v, "optimizer.update_interval", o.update_interval, 1, int64_t{1} << 40, "e.g. 10");
+  check_int(v, "optimizer.rng_seed", o.rng_seed, 0, (int64_t{1} << 32) - 1, "e.g. 0");
+}
+
 }  // namespace levanter
 
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::AdamConfig)
@@ -236,3 +247,4 @@ LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::ScionConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MiniConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::SoapConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::KronConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::SophiaHConfig)

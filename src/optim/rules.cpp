@@ -9,9 +9,11 @@
 
 #include <haliax/detail/gemm.hpp>
 #include <haliax/detail/portable.hpp>
+#include <haliax/detail/threefry.hpp>
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <cmath>
 #include <cstdlib>
@@ -92,6 +94,7 @@ struct block {
   float* __restrict s1;
   float* __restrict s2;
   float* __restrict x;
+  const float* __restrict a;  // rule_chunk::aux
   float* __restrict out;
 };
 
@@ -102,10 +105,10 @@ template <class Body>
 double blocks(const rule_chunk& c, Body&& body) {
   alignas(64) float out[256];
   double sq = 0;
-  auto at = [](float* q, int64_t b) { return q ? q + b : nullptr; };
+  auto at = [](auto* q, int64_t b) { return q ? q + b : nullptr; };
   for (int64_t b = 0; b < c.n; b += 256) {
     const int64_t k = std::min<int64_t>(256, c.n - b);
-    body(block{k, c.p + b, c.g + b, at(c.s[0], b), at(c.s[1], b), at(c.s[2], b), at(c.x, b), out});
+    body(block{k, c.p + b, c.g + b, at(c.s[0], b), at(c.s[1], b), at(c.s[2], b), at(c.x, b), at(c.aux, b), out});
     for (int64_t j = 0; j < k; ++j) sq += static_cast<double>(out[j]) * out[j];
   }
   return sq;
@@ -390,6 +393,33 @@ void mean_over_axes(float* x, const std::vector<int64_t>& sizes, std::vector<int
   }
 }
 
+// ---- Sophia-H: mu <- (1 - b1) g + b1 mu; u = clip((mu / (1 - b1^t)) / max(gamma h, eps), +-c), with the Hessian
+// average h as the last re-estimate left it; on a re-estimating step h <- (1 - b2) d + b2 h afterwards, d = v ⊙ H v
+// (rule_chunk::aux). k: b1, 1 - b1, 1 - b1^t, gamma, eps, c (inf: no clipping), b2, 1 - b2, re-estimate (1/0)
+template <bool Hess, bool Decay>
+void sophia_block(const consts& q, const block& b) {
+  for (int64_t j = 0; j < b.k; ++j) {
+    const float g = b.g[j];
+    const float m = q.k[1] * g + q.k[0] * b.s0[j];
+    b.s0[j] = m;
+    const float h = b.s1[j];
+    const float u = std::min(std::max((m / q.k[2]) / std::max(q.k[3] * h, q.k[4]), -q.k[5]), q.k[5]);
+    if constexpr (Hess) b.s1[j] = q.k[7] * b.a[j] + q.k[6] * h;
+    b.out[j] = q.apply<Decay>(b.p[j], u);
+  }
+}
+template <bool Clip, bool Decay>
+double sophia_loop_v(const rule_step& st, const rule_chunk& c) {
+  const consts q(st);
+  const bool hess = st.k[8] != 0;
+  return blocks(c, [&](const block& b) {
+    if (hess)
+      sophia_block<true, Decay>(q, b);
+    else
+      sophia_block<false, Decay>(q, b);
+  });
+}
+
 // The four compiled variants of a loop, picked by the step's clipping and the leaf's decay, each twice: for the
 // baseline and, on x86-64, for AVX2 without FMA (target "avx2" does not imply "fma", and nothing is contracted), so
 // the arithmetic is the baseline's, eight lanes wide, and the results the same bits (tests/test_optim.cpp).
@@ -423,6 +453,7 @@ LEVANTER_RULE_LOOP(adam_loop)
 LEVANTER_RULE_LOOP(matrix_loop)
 LEVANTER_RULE_LOOP(signum_loop)
 LEVANTER_RULE_LOOP(mini_loop)
+LEVANTER_RULE_LOOP(sophia_loop)
 #undef LEVANTER_RULE_PICK
 #undef LEVANTER_RULE_LOOP_AVX2
 #undef LEVANTER_RULE_LOOP
@@ -622,6 +653,46 @@ rule_def scion_rule(const ScionConfig& c) {
   };
   r.groups.push_back(std::move(sg));
   r.label = matrix_label;
+  return r;
+}
+
+rule_def sophia_h_rule(const SophiaHConfig& c) {
+  rule_group g;
+  g.loop = sophia_loop;  // upstream's sophia chain has no clip_by_global_norm: max_grad_norm stays unset
+  const std::int64_t every = c.update_interval;
+  g.constants = [c, every](rule_step& st) {
+    st.k[0] = static_cast<float>(c.beta1);
+    st.k[1] = static_cast<float>(1.0 - c.beta1);
+    st.k[2] = bias(c.beta1, st.t);
+    st.k[3] = static_cast<float>(c.gamma);
+    st.k[4] = static_cast<float>(c.epsilon);
+    st.k[5] = c.clip_threshold ? static_cast<float>(*c.clip_threshold) : std::numeric_limits<float>::infinity();
+    st.k[6] = static_cast<float>(c.beta2);
+    st.k[7] = static_cast<float>(1.0 - c.beta2);
+    st.k[8] = st.t % every == 0 ? 1.0f : 0.0f;
+  };
+  auto r = single(SophiaHConfig::type_name, {"mu", "h"}, std::move(g));
+  // hess_key: PRNGKey(rng_seed); a re-estimating step (t a multiple of update_interval) probes with split(key)[0] and
+  // keeps split(key)[1]
+  namespace tf = haliax::detail::threefry;
+  const auto key0 = tf::prng_key(static_cast<std::uint64_t>(c.rng_seed));
+  r.words = {{"hess_key.0", key0.k0}, {"hess_key.1", key0.k1}, {"hessian_count", 0}};
+  auto key_of = [](const std::vector<std::pair<std::string, std::int64_t>>& w) {
+    return tf::key_data{static_cast<std::uint32_t>(w[0].second), static_cast<std::uint32_t>(w[1].second)};
+  };
+  r.probe = [every, key_of](std::int64_t t, const std::vector<std::pair<std::string, std::int64_t>>& w)
+      -> std::optional<hvp_probe> {
+    if (t % every != 0) return std::nullopt;
+    const auto k = tf::split(key_of(w), 2)[0];
+    return hvp_probe{k.k0, k.k1};
+  };
+  r.begin = [every, key_of](std::int64_t t, std::vector<std::pair<std::string, std::int64_t>>& w, std::uint64_t*) {
+    if (t % every != 0) return;
+    const auto next = tf::split(key_of(w), 2)[1];
+    w[0].second = next.k0;
+    w[1].second = next.k1;
+    ++w[2].second;
+  };
   return r;
 }
 

@@ -94,8 +94,12 @@ void validate(config::validator& v, const TrainerConfig& t) {
   if (t.checkpointer.base_path.empty())
     v.error("trainer.checkpointer.base_path", "is empty; give a directory (default checkpoints/)");
   if (t.wandb.set)
-    v.refuse("trainer.wandb", "trainer.wandb (a deprecated upstream alias of tracker) is not supported",
-             "use trainer.tracker: {type: tensorboard} or {type: json_logger} (or a list of both)", t.wandb.where);
+    v.refuse("trainer.wandb",
+             "trainer.wandb (a deprecated upstream alias of tracker, which upstream turns into a Weights & Biases "
+             "tracker whatever trainer.tracker says) is not supported",
+             "remove it (on the command line: --trainer.wandb null) and use trainer.tracker: {type: tensorboard} or "
+             "{type: json_logger} (or a list of both)",
+             t.wandb.where);
   if (t.quantization.set)
     v.refuse("trainer.quantization", "quantized (fp8/int8) training is not supported", "remove trainer.quantization",
              t.quantization.where);

@@ -242,9 +242,25 @@ struct KronConfig : OptimizerConfig {
   int64_t block_size = 256;
 };
 
+/// `optimizer: {type: sophia-h}` (upstream SophiaHConfig): momentum divided by an exponential average of a
+/// Hutchinson estimate of the Hessian's diagonal (v ⊙ H v, every update_interval steps), clipped element by element.
+/// H v is a central difference of gradients here (levanter/optim/hessian.hpp). No clip_by_global_norm: upstream's
+/// chain has none.
+struct SophiaHConfig : OptimizerConfig {
+  static constexpr std::string_view type_name = "sophia-h";
+  double beta1 = 0.96;
+  double beta2 = 0.99;
+  double epsilon = 1e-12;
+  std::optional<double> clip_threshold = 1.0;
+  int64_t rng_seed = 0;
+  double gamma = 0.01;
+  int64_t update_interval = 10;
+};
+
 /// `optimizer:`; the upstream optimizers not listed here are refused by name.
-using OptimizerChoice = config::Choice<AdamConfig, LionConfig, AdoptConfig, RMSPropMomentumConfig, CautiousConfig,
-                                       MarsConfig, MuonConfig, ScionConfig, MiniConfig, SoapConfig, KronConfig>;
+using OptimizerChoice =
+    config::Choice<AdamConfig, LionConfig, AdoptConfig, RMSPropMomentumConfig, CautiousConfig, MarsConfig, MuonConfig,
+                   ScionConfig, MiniConfig, SoapConfig, KronConfig, SophiaHConfig>;
 
 /// Adds every problem of the `optimizer:` section to `v` (keys under `optimizer.`).
 void validate(config::validator& v, const AdamConfig& o);
@@ -258,6 +274,7 @@ void validate(config::validator& v, const ScionConfig& o);
 void validate(config::validator& v, const MiniConfig& o);
 void validate(config::validator& v, const SoapConfig& o);
 void validate(config::validator& v, const KronConfig& o);
+void validate(config::validator& v, const SophiaHConfig& o);
 
 }  // namespace levanter
 
@@ -486,12 +503,16 @@ struct levanter::config::schema<levanter::KronConfig> {
 };
 
 template <>
-struct levanter::config::unsupported_choices<levanter::OptimizerChoice> {
-  static constexpr auto names = std::to_array<unsupported_choice>({
-      {"sophia-h", "Sophia-H's Hutchinson estimate needs Hessian-vector products, and haliax's autodiff is "
-                   "reverse mode only (no forward-over-reverse or double backward yet); "
-                   "use type: adam, lion, adopt, rmsprop, cautious, mars, muon, scion, mini, soap or kron"},
-  });
+struct levanter::config::schema<levanter::SophiaHConfig> {
+  using T = levanter::SophiaHConfig;
+  static constexpr auto fields = std::tuple_cat(optimizer_fields<T>(), std::make_tuple(
+      field("beta1", &T::beta1, "momentum decay"),
+      field("beta2", &T::beta2, "decay of the Hessian-diagonal average"),
+      field("epsilon", &T::epsilon, "floor of gamma * h in the denominator"),
+      field("clip_threshold", &T::clip_threshold, "clip each element of the update to +-this (unset: no clipping)"),
+      field("rng_seed", &T::rng_seed, "seed of the Hutchinson probes"),
+      field("gamma", &T::gamma, "scale of the Hessian estimate in the denominator"),
+      field("update_interval", &T::update_interval, "re-estimate the Hessian diagonal every this many updates")));
 };
 
 // The YAML machinery of this section is compiled once, in src/optim/config.cpp.
@@ -506,3 +527,4 @@ LEVANTER_CONFIG_SECTION_EXTERN(levanter::ScionConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::MiniConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::SoapConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::KronConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::SophiaHConfig)

@@ -106,6 +106,7 @@ std::unique_ptr<optimizer<M>> make_optimizer(const OptimizerChoice& choice, std:
   if (const auto* c = choice.get_if<MiniConfig>()) return rule(mini_rule(*c), *c);
   if (const auto* c = choice.get_if<SoapConfig>()) return rule(soap_rule(*c), *c);
   if (const auto* c = choice.get_if<KronConfig>()) return rule(kron_rule(*c), *c);
+  if (const auto* c = choice.get_if<SophiaHConfig>()) return rule(sophia_h_rule(*c), *c);
   throw std::invalid_argument("optimizer.type '" + std::string(choice.type_name()) + "' is not supported");
 }
 

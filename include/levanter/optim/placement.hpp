@@ -39,6 +39,12 @@ struct model_averaging {
   std::int64_t switch_step = 100000, decay_steps = 100000;
 };
 
+/// A Hessian-vector product an optimizer asks for before its next update (Sophia-H's Hutchinson estimate): the
+/// key of the probe direction v = hessian_probe_direction(key), upstream's tree_gaussian_like.
+struct hvp_probe {
+  std::uint32_t k0 = 0, k1 = 0;
+};
+
 /// An optimizer with its state, for parameter trees of type `M`.
 template <class M>
 class optimizer {
@@ -82,6 +88,15 @@ class optimizer {
     throw std::logic_error("optimizer '" + std::string(type_name()) + "' cannot keep a model average");
   }
   virtual bool averages() const { return false; }
+  /// Second-order optimizers (Sophia-H): the probe the next update needs, or nullopt (every other optimizer). The
+  /// caller computes d = v ⊙ (H v) of the step's loss at the parameters before the update, for v the probe's
+  /// direction, and passes it to set_hessian_product before calling update / update_range.
+  virtual std::optional<hvp_probe> hessian_probe() const { return std::nullopt; }
+  /// d over the flattened parameters [lo, lo + d.size()) in tree order: the whole model, or this rank's range of
+  /// shard_bounds() under FSDP (what update_range sees). Used by the next update only.
+  virtual void set_hessian_product(std::vector<float> /*d*/, std::int64_t /*lo*/) {
+    throw std::logic_error("optimizer '" + std::string(type_name()) + "' does not use Hessian-vector products");
+  }
   /// The average as a whole tree shaped like `params` (the whole model); collective like for_each_state_tree.
   virtual M averaged_model(const M& params) const {
     throw std::logic_error("optimizer '" + std::string(type_name()) + "' keeps no model average");

@@ -6,6 +6,7 @@
 //   rmsprop   clip_by_global_norm -> scale_by_rmsprop_momentum(b1, b2, eps)         -> add_decayed_weights -> -lr
 //   cautious  clip_by_global_norm -> scale_by_cautious(b1, b2, eps)                 -> add_decayed_weights -> -lr
 //   mars      scale_by_mars(b1, b2, gamma, eps, max_grad_norm: its own global clip) -> add_decayed_weights -> -lr
+//   sophia-h  scale_by_sophia (momentum / max(gamma h, eps), clipped; h from v ⊙ H v) -> add_decayed_weights -> -lr
 //
 // and the ones whose leaves fall in groups (optax.multi_transform), each group with its own chain:
 //
@@ -38,6 +39,7 @@ rule_def scion_rule(const ScionConfig& c);
 rule_def mini_rule(const MiniConfig& c);
 rule_def soap_rule(const SoapConfig& c);  // src/optim/preconditioned.cpp
 rule_def kron_rule(const KronConfig& c);  // src/optim/preconditioned.cpp
+rule_def sophia_h_rule(const SophiaHConfig& c);
 
 /// upstream's zeropower_via_newtonschulz5 on `layers` row-major rows x cols matrices at x, in place, each scaled by
 /// `scale` after `steps` iterations (coefficients 3.4445, -4.7750, 2.0315; x / (|x|_F + eps) first).

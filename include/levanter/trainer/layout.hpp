@@ -30,6 +30,7 @@
 #include <vector>
 
 #include <haliax/detail/profile.hpp>
+#include <haliax/precision.hpp>
 #include <haliax/tree.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/distributed/comm.hpp>
@@ -37,6 +38,8 @@
 #include <levanter/distributed/plan.hpp>
 #include <levanter/distributed/tensor_parallel.hpp>
 #include <levanter/distributed/tree_comm.hpp>
+#include <levanter/optim/hessian.hpp>
+#include <levanter/optim/layout.hpp>
 #include <levanter/optim/placement.hpp>
 
 namespace levanter::trainer {
@@ -52,6 +55,11 @@ class param_layout {
                const std::function<M(const M&)>& slice, const std::vector<std::int64_t>* grad_bounds, int job_ranks)
       : model_(model), data_(data), group_(model_group), T_(plan.mesh.model), dims_(std::move(dims)),
         bounds_(grad_bounds), job_ranks_(job_ranks) {
+    // the whole model's leaves (sizes and Stacked slices: the optimizer's chunks) for hessian_product
+    for (auto l : optim::layout::param_leaves(model_)) {
+      l.p = nullptr;
+      shapes_.push_back(std::move(l));
+    }
     if (T_ > 1) {
       model_ = slice(model_);
       whole_ = false;
@@ -138,6 +146,106 @@ class param_layout {
     return loss_sum / double(parts);
   }
 
+  /// Sophia-H's d = v ⊙ (H v) of the step's loss at the parameters as they are (before the update), for v the
+  /// probe's direction, over the part of the flattened parameters this rank updates: its range under ZeRO-1 and
+  /// FSDP, else all. H v is the central difference of two gradients taken as gradients() and reduce() take the
+  /// step's (levanter/optim/hessian.hpp), in f32 products; the parameters are restored bit for bit. Returns d and
+  /// the flat offset of its first element.
+  template <class MicroBatch>
+  std::pair<std::vector<float>, std::int64_t> hessian_product(const optim::hvp_probe& probe, std::int64_t micro,
+                                                              MicroBatch&& micro_batch) {
+    if (T_ > 1)
+      throw config::config_error("optimizer.type sophia-h: not supported with tensor parallelism "
+                                 "(trainer.model_axis_size > 1); use model_axis_size: 1");
+    std::int64_t total = 0;
+    std::vector<std::int64_t> sizes;
+    for (const auto& l : shapes_) {
+      sizes.push_back(l.n);
+      total += l.n;
+    }
+    // d over [lo, hi) (what this rank updates); the perturbation over [p_lo, p_hi) (what this rank holds: FSDP's
+    // range, else the whole model, perturbed alike on every rank)
+    const std::int64_t lo = bounds_ ? (*bounds_)[static_cast<std::size_t>(data_.rank())] : 0;
+    const std::int64_t hi = bounds_ ? (*bounds_)[static_cast<std::size_t>(data_.rank()) + 1] : total;
+    const std::int64_t p_lo = fs_ ? lo : 0, p_hi = fs_ ? hi : total;
+    struct part {
+      float* p;
+      std::int64_t flat, n;
+    };
+    // [r_lo, r_hi) of a tree's flattened leaves, or of FSDP's flat range (which starts at lo)
+    auto tree_parts = [&](auto& tree, std::int64_t r_lo, std::int64_t r_hi) {
+      std::vector<part> out;
+      std::int64_t off = 0;
+      for (auto& l : optim::layout::param_leaves(tree)) {
+        const std::int64_t b = std::max(r_lo, off), e = std::min(r_hi, off + l.n);
+        if (b < e) out.push_back({l.p + (b - off), b, e - b});
+        off += l.n;
+      }
+      return out;
+    };
+    auto params = [&] {
+      return fs_ ? std::vector<part>{{const_cast<float*>(fs_->params().data()), lo, hi - lo}}
+                 : tree_parts(model_, p_lo, p_hi);
+    };
+    auto copy_out = [](const std::vector<part>& from, std::int64_t base, float* dst) {
+      for (const auto& q : from) std::copy_n(q.p, q.n, dst + (q.flat - base));
+    };
+    auto copy_in = [](const float* src, std::int64_t base, const std::vector<part>& to) {
+      for (const auto& q : to) std::copy_n(src + (q.flat - base), q.n, q.p);
+    };
+    const auto np = static_cast<std::size_t>(p_hi - p_lo), n = static_cast<std::size_t>(hi - lo);
+    std::vector<float> theta(np), v(np), x(np), g_plus(n), g_minus(n);
+    copy_out(params(), p_lo, theta.data());
+    optim::hessian_probe_direction(probe, sizes, p_lo, p_hi, v.data());
+    // ε from the norm of the parameters: squares summed per chunk, in chunk order over every rank (the same bits
+    // whatever the rank count)
+    const auto chunks = optim::layout::make_chunks(shapes_);
+    std::size_t c_lo = 0;
+    while (c_lo < chunks.size() && chunks[c_lo].flat < p_lo) ++c_lo;
+    std::size_t c_hi = c_lo;
+    while (c_hi < chunks.size() && chunks[c_hi].flat < p_hi) ++c_hi;
+    auto sq = optim::layout::per_chunk(c_hi - c_lo, [&](std::int64_t i) {
+      const auto& ch = chunks[c_lo + static_cast<std::size_t>(i)];
+      const float* p = theta.data() + (ch.flat - p_lo);
+      double s = 0;
+      for (std::int64_t k = 0; k < ch.end - ch.begin; ++k) s += static_cast<double>(p[k]) * p[k];
+      return s;
+    });
+    if (fs_) sq = distributed::allgather_doubles(data_, sq);
+    double param_sq = 0;
+    for (double s : sq) param_sq += s;
+    const double eps = optim::hessian_probe_step(param_sq, total);
+    // the gradient at θ + s ε v, reduced as the step's, over [lo, hi) into `out`
+    const std::vector<part> fs_grads =
+        fs_ ? std::vector<part>{{const_cast<float*>(fs_->grads().data()), lo, hi - lo}} : std::vector<part>{};
+    haliax::matmul_precision_scope full(haliax::matmul_precision::f32);
+    auto gradient_at = [&](float s, std::vector<float>& out) {
+      const float step = static_cast<float>(eps) * s;
+      for (std::size_t i = 0; i < np; ++i) x[i] = theta[i] + step * v[i];
+      copy_in(x.data(), p_lo, params());
+      auto [grads, loss_sum] = gradients(micro, micro_batch);
+      reduce(grads, loss_sum, micro, false);
+      if (fs_)
+        copy_out(fs_grads, lo, out.data());
+      else
+        copy_out(tree_parts(*grads, lo, hi), lo, out.data());
+    };
+    // FSDP sums gradients into its own range: the step's gradient waits aside meanwhile
+    std::vector<float> step_grads;
+    if (fs_) {
+      step_grads.resize(n);
+      copy_out(fs_grads, lo, step_grads.data());
+    }
+    gradient_at(1.0f, g_plus);
+    gradient_at(-1.0f, g_minus);
+    copy_in(theta.data(), p_lo, params());
+    if (fs_) copy_in(step_grads.data(), lo, fs_grads);
+    std::vector<float> d(n);
+    optim::hessian_product(v.data() + (lo - p_lo), g_plus.data(), g_minus.data(), eps, static_cast<std::int64_t>(n),
+                           d.data());
+    return {std::move(d), lo};
+  }
+
   /// The whole gradient tree for trainer.watch (gathered from the ranges or slices; every rank takes part).
   M watched_grads(const std::optional<M>& grads) {
     M g = fs_ ? fs_->whole_grads() : *grads;
@@ -191,6 +299,7 @@ class param_layout {
   bool whole_ = true;
   std::vector<float> comm_buf_;  // the flat gradient buffer of the reductions, kept between steps
   int job_ranks_;
+  std::vector<optim::layout::leaf_ref> shapes_;  // the whole model's leaves, without pointers
 };
 
 }  // namespace levanter::trainer

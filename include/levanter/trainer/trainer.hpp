@@ -350,6 +350,11 @@ class Trainer {
       tr_.reduce_bytes_ = sent() - step_sent0;
       check_finite(out.loss, "train/loss", step, t_.crash_on_nan, t_.crash_on_inf);
 
+      if (const auto probe = state_.optimizer->hessian_probe()) {  // Sophia-H, every update_interval steps
+        haliax::detail::profile::region r([] { return std::string("optimizer: Hessian-vector product"); }, 0.0);
+        auto [d, lo] = layout_.hessian_product(*probe, micro, micro_batch);
+        state_.optimizer->set_hessian_product(std::move(d), lo);
+      }
       std::optional<M> before;  // for the `updates` target: the parameters before the update
       if (watch_now) watch_before(step, grads, out.watched, before);
       {
