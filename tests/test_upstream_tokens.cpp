@@ -224,3 +224,40 @@ TEST_CASE("the built-in tokenizers keep their ids, and a cache of the old encodi
   CHECK(error.find("bos_eos_as_text: cached (absent), now true") != std::string::npos);
   CHECK(error.find("delete '" + dir + "' or set data.cache_dir to another directory") != std::string::npos);
 }
+
+TEST_CASE("a mixture component's format: {type: text, text_key} is the field its documents are read from") {
+  // Each component has its own format upstream (default text, text_key "text"); one whose documents sit under
+  // "content" must be read from there, not from data.text_key (before, the component's format was accepted and
+  // ignored: the cache build failed on its first document, or read another field).
+  temp_dir tmp;
+  {
+    std::ofstream a(tmp.path / "a.jsonl"), b(tmp.path / "b.jsonl");
+    for (int i = 0; i < 20; ++i) {
+      a << "{\"text\": \"alpha document " << i << "\", \"content\": \"x\"}\n";
+      b << "{\"content\": \"beta document number " << i << "\", \"text\": \"y\"}\n";
+    }
+  }
+  levanter::config::source_map sources;
+  const std::string yaml = "{tokenizer: byte, cache_dir: \"" + (tmp.path / "cache").string() + "\", configs: {a: {train_urls: [\"" +
+                           (tmp.path / "a.jsonl").string() + "\"]}, b: {train_urls: [\"" + (tmp.path / "b.jsonl").string() +
+                           "\"], format: {type: text, text_key: content}}}, train_weights: {a: 0.5, b: 0.5}}";
+  const auto d = levanter::config::decode<levanter::LmDataConfig>(levanter::config::load_yaml_string(yaml, "test", sources),
+                                                                  "data", sources);
+  const auto specs = levanter::data::dataset_specs(d);
+  REQUIRE(specs.size() == 2);
+  CHECK_FALSE(specs[0].text_key);
+  REQUIRE(specs[1].text_key);
+  CHECK(*specs[1].text_key == "content");
+  ld::lm_data data(d, {.seq_len = 8, .batch_size = 4, .data_key = haliax::random::make_key(0), .log = {}});
+  auto text_of = [&](std::size_t i) {
+    const auto& w = data.train_windows(i);
+    REQUIRE(w);
+    std::string s;
+    for (auto id : all_tokens(w->cache())) s += static_cast<char>(id);  // byte tokenizer: ids are bytes (EOS aside)
+    return s;
+  };
+  const std::string a = text_of(0), b = text_of(1);
+  CHECK(a.find("alpha document 7") != std::string::npos);
+  CHECK(b.find("beta document number 7") != std::string::npos);
+  CHECK(b.find('y') == std::string::npos);
+}

@@ -16,6 +16,21 @@ namespace bounds = config::bounds;
 using config::detail::join_index;
 using config::url_scheme;
 
+namespace {
+// A `format:` (the dataset's, or a mixture component's): only plain text documents so far, `type: text` with an
+// optional `text_key`; chat and supervised formats are refused (not read as plain text).
+void check_text_format(config::validator& v, const std::string& key, const YAML::Node& f, const std::string& where) {
+  const std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
+  bool ok = type == "text" && (f.IsScalar() || f.IsMap());
+  if (ok && f.IsMap())
+    for (auto it = f.begin(); it != f.end(); ++it)
+      if (it->first.Scalar() != "type" && it->first.Scalar() != "text_key") ok = false;
+  if (!ok)
+    v.refuse(key, "format '" + type + "' is not supported yet (only plain text documents)",
+             "use format: {type: text, text_key: text}, or leave " + key + " out", where);
+}
+}  // namespace
+
 void validate(config::validator& v, const LmDataConfig& d) {
   if (d.id)
     v.refuse("data.id", "Hugging Face datasets ('" + *d.id + "') are not supported (no network here)",
@@ -36,6 +51,8 @@ void validate(config::validator& v, const LmDataConfig& d) {
       for (auto it = c.begin(); it != c.end(); ++it) {
         const std::string name = it->first.Scalar();
         const std::string key = "data.configs." + name;
+        if (it->second.IsMap() && it->second["format"])
+          check_text_format(v, key + ".format", it->second["format"], d.configs.where);
         std::size_t start = 0;
         while (true) {
           const auto slash = name.find('/', start);
@@ -81,17 +98,7 @@ void validate(config::validator& v, const LmDataConfig& d) {
                                                             "' is not a size from 1 byte to 1 PiB (e.g. 512MB)");
   check_int(v, "data.cache_options.batch_size", d.cache_options.batch_size, 1, 1 << 20, "documents per commit");
   check_int(v, "data.cache_options.num_threads", d.cache_options.num_threads, 0, 1024, "0: one per core");
-  if (d.format.set) {
-    YAML::Node f = config::detail::load_opaque(d.format.yaml);
-    std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
-    bool ok = type == "text";
-    if (ok && f.IsMap())
-      for (auto it = f.begin(); it != f.end(); ++it)
-        if (it->first.Scalar() != "type" && it->first.Scalar() != "text_key") ok = false;
-    if (!ok)
-      v.refuse("data.format", "format '" + type + "' is not supported yet (only plain text documents)",
-               "use format: {type: text, text_key: text}, or leave data.format out", d.format.where);
-  }
+  if (d.format.set) check_text_format(v, "data.format", config::detail::load_opaque(d.format.yaml), d.format.where);
   const std::string& t = d.tokenizer;
   const bool local_json = t.size() > 5 && t.substr(t.size() - 5) == ".json";
   // The error_code forms: a name the file system refuses (too long, say) is "not a local directory", not a throw.

@@ -62,6 +62,13 @@ std::vector<dataset_spec> dataset_specs(const LmDataConfig& d) {
     s.cache_dir = c["cache_dir"] && !c["cache_dir"].IsNull() ? c["cache_dir"].as<std::string>()
                                                              : detail::join_path(d.cache_dir, name);
     s.tags = detail::yaml_strings(c["tags"], key + ".tags");
+    if (const YAML::Node f = c["format"]; f && !f.IsNull()) {  // validate() refused every other format
+      const std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
+      if (type != "text")
+        throw config::config_error(key + ".format: format '" + type +
+                                   "' is not supported yet (only plain text documents)");
+      if (f.IsMap() && f["text_key"]) s.text_key = f["text_key"].as<std::string>();
+    }
     for (const auto& u : s.train_urls)
       if (is_remote_url(u))
         throw config::config_error(key + ".train_urls: '" + u +
@@ -145,7 +152,9 @@ lm_data::lm_data(const LmDataConfig& d, const options& o) : tok_(make_tokenizer(
       throw data_error(std::string("data.") + split + "_urls" + (s.name.empty() ? "" : " of '" + s.name + "'") + ": " +
                        e.what());
     }
-    auto c = open_or_build_cache(dir, files, src, encode, meta, co);
+    source_options own = src;
+    if (s.text_key) own.text_key = *s.text_key;
+    auto c = open_or_build_cache(dir, files, own, encode, meta, co);
     log(std::string(c->finished() ? "cache " : "building cache ") + dir +
         (c->finished() ? " (complete)" : " in the background"));
     return std::make_shared<cache_windows>(std::move(c), o.seq_len);

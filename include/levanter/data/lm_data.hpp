@@ -36,6 +36,7 @@ struct dataset_spec {
   std::vector<std::string> train_urls, validation_urls;
   std::string cache_dir;          ///< holds `train/` and `validation/`
   std::vector<std::string> tags;  ///< extra eval tags (upstream `tags`)
+  std::optional<std::string> text_key;  ///< the component's `format: {type: text, text_key}`; unset: data's
 };
 
 /// The datasets of the config, in config order (a mixture's `configs` keep the order they are written in).
