@@ -37,9 +37,7 @@
 #include <levanter/main/train_lm.hpp>
 #include <levanter/main/train_lm_config.hpp>
 #include <levanter/main/viz_lm.hpp>
-#include <levanter/models/gpt2.hpp>
-#include <levanter/models/gpt2_hf.hpp>
-#include <levanter/models/llama_hf.hpp>
+#include <levanter/models/builtin_models.hpp>
 #include <levanter/models/lm.hpp>
 #include <levanter/models/registry.hpp>
 #include <levanter/optim/adamw.hpp>

@@ -3,8 +3,7 @@
 
 #include <filesystem>
 
-#include <levanter/models/gpt2_hf.hpp>
-#include <levanter/models/llama_hf.hpp>
+#include <levanter/models/builtin_models.hpp>
 #include <levanter/models/registry.hpp>
 
 namespace levanter {

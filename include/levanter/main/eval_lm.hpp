@@ -200,9 +200,11 @@ eval_lm_result run_eval_lm_with(const detail::eval_job& job, std::ostream& out) 
 
 }  // namespace levanter
 
-#include <levanter/models/gpt2_hf.hpp>  // the built-in models, with their Hugging Face adapters
-#include <levanter/models/llama_hf.hpp>
+// The built-in models (models/builtin.hpp) are instantiated once, in the library (files CMakeLists.txt generates).
+#include <levanter/models/builtin_models.hpp>
+#define LEVANTER_EVAL_LM_INSTANCE(M, C, ...) \
+  template eval_lm_result run_eval_lm_with<M>(const detail::eval_job&, std::ostream&);
+#define LEVANTER_EVAL_LM_EXTERN(M, C, ...) extern LEVANTER_EVAL_LM_INSTANCE(M, C)
 namespace levanter {
-extern template eval_lm_result run_eval_lm_with<gpt2::LMHeadModel>(const detail::eval_job&, std::ostream&);
-extern template eval_lm_result run_eval_lm_with<llama::LMHeadModel>(const detail::eval_job&, std::ostream&);
+LEVANTER_BUILTIN_MODELS(LEVANTER_EVAL_LM_EXTERN)
 }  // namespace levanter

@@ -169,15 +169,15 @@ void import_hf_to_lm_with(const ImportHfConfig& cfg, const hf::hf_dir& d, const 
 
 }  // namespace levanter
 
-#include <levanter/models/gpt2_hf.hpp>  // the built-in models, with their Hugging Face adapters
-#include <levanter/models/llama_hf.hpp>
+// The built-in models (models/builtin.hpp) are instantiated once, in the library (files CMakeLists.txt generates).
+#include <levanter/models/builtin_models.hpp>
+#define LEVANTER_HF_CONVERT_INSTANCE(M, C, ...)                                                                      \
+  template std::vector<std::string> export_lm_to_hf_with<M>(const detail::export_job&, const C&, std::ostream&); \
+  template void import_hf_to_lm_with<M>(const ImportHfConfig&, const hf::hf_dir&, const C&, std::ostream&);
+#define LEVANTER_HF_CONVERT_EXTERN(M, C, ...)                                                                        \
+  extern template std::vector<std::string> export_lm_to_hf_with<M>(const detail::export_job&, const C&,         \
+                                                                   std::ostream&);                               \
+  extern template void import_hf_to_lm_with<M>(const ImportHfConfig&, const hf::hf_dir&, const C&, std::ostream&);
 namespace levanter {
-extern template std::vector<std::string> export_lm_to_hf_with<gpt2::LMHeadModel>(const detail::export_job&,
-                                                                                 const Gpt2Config&, std::ostream&);
-extern template void import_hf_to_lm_with<gpt2::LMHeadModel>(const ImportHfConfig&, const hf::hf_dir&,
-                                                             const Gpt2Config&, std::ostream&);
-extern template std::vector<std::string> export_lm_to_hf_with<llama::LMHeadModel>(const detail::export_job&,
-                                                                                  const LlamaConfig&, std::ostream&);
-extern template void import_hf_to_lm_with<llama::LMHeadModel>(const ImportHfConfig&, const hf::hf_dir&,
-                                                              const LlamaConfig&, std::ostream&);
+LEVANTER_BUILTIN_MODELS(LEVANTER_HF_CONVERT_EXTERN)
 }  // namespace levanter

@@ -316,14 +316,12 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
 
 }  // namespace levanter
 
-// The built-in model types are instantiated once, in the library (src/models/*_programs.cpp).
-#include <levanter/models/gpt2_hf.hpp>  // the built-in models, with their Hugging Face adapters
-#include <levanter/models/llama_hf.hpp>
+// The built-in models (models/builtin.hpp) are instantiated once, in the library (files CMakeLists.txt generates).
+#include <levanter/models/builtin_models.hpp>
+#define LEVANTER_TRAIN_LM_INSTANCE(M, C, ...)                                                                  \
+  template train_result run_train_lm<M>(const TrainLmConfig&, C, const std::string&, std::ostream&, \
+                                        const std::vector<hook<M>>&);
+#define LEVANTER_TRAIN_LM_EXTERN(M, C, ...) extern LEVANTER_TRAIN_LM_INSTANCE(M, C)
 namespace levanter {
-extern template train_result run_train_lm<gpt2::LMHeadModel>(const TrainLmConfig&, Gpt2Config, const std::string&,
-                                                             std::ostream&,
-                                                             const std::vector<hook<gpt2::LMHeadModel>>&);
-extern template train_result run_train_lm<llama::LMHeadModel>(const TrainLmConfig&, LlamaConfig, const std::string&,
-                                                              std::ostream&,
-                                                              const std::vector<hook<llama::LMHeadModel>>&);
+LEVANTER_BUILTIN_MODELS(LEVANTER_TRAIN_LM_EXTERN)
 }  // namespace levanter

@@ -177,11 +177,11 @@ std::vector<std::string> run_viz_logprobs_with(const detail::viz_job& job, std::
 
 }  // namespace levanter
 
-#include <levanter/models/gpt2_hf.hpp>  // the built-in models, with their Hugging Face adapters
-#include <levanter/models/llama_hf.hpp>
+// The built-in models (models/builtin.hpp) are instantiated once, in the library (files CMakeLists.txt generates).
+#include <levanter/models/builtin_models.hpp>
+#define LEVANTER_VIZ_LM_INSTANCE(M, C, ...) \
+  template std::vector<std::string> run_viz_logprobs_with<M>(const detail::viz_job&, std::ostream&);
+#define LEVANTER_VIZ_LM_EXTERN(M, C, ...) extern LEVANTER_VIZ_LM_INSTANCE(M, C)
 namespace levanter {
-extern template std::vector<std::string> run_viz_logprobs_with<gpt2::LMHeadModel>(const detail::viz_job&,
-                                                                                  std::ostream&);
-extern template std::vector<std::string> run_viz_logprobs_with<llama::LMHeadModel>(const detail::viz_job&,
-                                                                                   std::ostream&);
+LEVANTER_BUILTIN_MODELS(LEVANTER_VIZ_LM_EXTERN)
 }  // namespace levanter

@@ -6,8 +6,8 @@
 //     return run_something<M>(mc);
 //   });
 //
-// Adding a model type: its config to `ModelChoice`, `model_of<Config>` beside the model, and its name removed from
-// the refused ones below (docs/architecture.md, "Adding a model").
+// Adding a model type: its line in models/builtin.hpp (from which `ModelChoice` follows), `model_of<Config>` beside
+// the model, and its name removed from the refused ones below (docs/architecture.md, "Adding a model").
 #pragma once
 
 #include <string_view>
@@ -16,14 +16,23 @@
 #include <variant>
 
 #include <levanter/config/types.hpp>
-#include <levanter/models/gpt2_config.hpp>
-#include <levanter/models/llama_config.hpp>
+#include <levanter/models/builtin.hpp>
 
 namespace levanter {
 
-/// `model:`; other upstream model types are refused by name (see unsupported_choices below). The Llama family's
-/// four types share one model (llama::LMHeadModel), whose config_type is LlamaConfig.
-using ModelChoice = config::Choice<Gpt2Config, LlamaConfig, MistralConfig, QwenConfig, Qwen3Config>;
+namespace detail {
+template <class Void, class... C>
+struct model_choice_of {
+  using type = config::Choice<C...>;
+};
+}  // namespace detail
+
+/// `model:`: every `type:` config of models/builtin.hpp's list, in its order; other upstream model types are refused
+/// by name (see unsupported_choices below). The Llama family's four types share one model (llama::LMHeadModel),
+/// whose config_type is LlamaConfig.
+#define LEVANTER_MODEL_CONFIG_TYPES(M, C, stem, ...) , __VA_ARGS__
+using ModelChoice = detail::model_choice_of<void LEVANTER_BUILTIN_MODELS(LEVANTER_MODEL_CONFIG_TYPES)>::type;
+#undef LEVANTER_MODEL_CONFIG_TYPES
 
 /// The `type:` name of a model config (a config type shared by several types says which by its family).
 template <class C>
