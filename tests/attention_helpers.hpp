@@ -46,10 +46,12 @@ qkv<T> random_qkv(unsigned seed, std::int64_t b, std::int64_t p, std::int64_t n,
 
 using allowed_fn = std::function<bool(std::int64_t b, std::int64_t i, std::int64_t j)>;
 
-/// Attention in double by loops: q [B, P, H, D], k and v [B, N, H, D] -> [B, P, H, D]; masked scores -1e9.
+/// Attention in double by loops: q [B, P, H, D], k and v [B, N, H, D] -> [B, P, H, D]; masked scores -1e9;
+/// scaled scores soft-capped to cap * tanh(s / cap) when cap > 0.
 inline std::vector<double> reference(const std::vector<double>& q, const std::vector<double>& k,
                                      const std::vector<double>& v, std::int64_t B, std::int64_t P, std::int64_t N,
-                                     std::int64_t H, std::int64_t D, double scale, const allowed_fn& allowed) {
+                                     std::int64_t H, std::int64_t D, double scale, const allowed_fn& allowed,
+                                     double cap = 0) {
   std::vector<double> out(static_cast<std::size_t>(B * P * H * D), 0.0);
   std::vector<double> s(static_cast<std::size_t>(N));
   for (std::int64_t b = 0; b < B; ++b)
@@ -61,7 +63,8 @@ inline std::vector<double> reference(const std::vector<double>& q, const std::ve
           for (std::int64_t c = 0; c < D; ++c)
             dotp += q[static_cast<std::size_t>(((b * P + i) * H + h) * D + c)] *
                     k[static_cast<std::size_t>(((b * N + j) * H + h) * D + c)];
-          s[static_cast<std::size_t>(j)] = allowed(b, i, j) ? scale * dotp : -1e9;
+          const double sc = cap > 0 ? cap * std::tanh(scale * dotp / cap) : scale * dotp;
+          s[static_cast<std::size_t>(j)] = allowed(b, i, j) ? sc : -1e9;
           mx = std::max(mx, s[static_cast<std::size_t>(j)]);
         }
         double z = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every model family through every door: for each transformers-written golden directory (GPT-2, Llama, Mistral with a
-# window, Qwen2 with windows from max_window_layers on, Qwen3), eval_lm on the Hugging Face directory, on its
+# window, Qwen2 with windows from max_window_layers on, Qwen3, Gemma, Gemma 2, Gemma 3, OLMo 2), eval_lm on the Hugging Face directory, on its
 # import_hf_to_lm checkpoint and on that checkpoint's export_lm_to_hf directory must print the same loss;
 # viz_logprobs must draw the directory (model.type from config.json, and with the family's type given) and the
 # imported checkpoint with the same mean log-prob; the export keeps every config.json field the import read; and
@@ -30,7 +30,8 @@ arch_keys() {
   local f=$1
   for k in model_type vocab_size hidden_size n_embd intermediate_size num_hidden_layers n_layer num_attention_heads \
            n_head num_key_value_heads head_dim rms_norm_eps layer_norm_epsilon tie_word_embeddings sliding_window \
-           use_sliding_window max_window_layers bos_token_id eos_token_id rope_theta; do
+           use_sliding_window max_window_layers bos_token_id eos_token_id rope_theta hidden_activation \
+           query_pre_attn_scalar attn_logit_softcapping final_logit_softcapping; do
     tr -d ' \n' < "$f" | grep -o "\"$k\":[^,}]*" || true
   done | sort
 }
@@ -44,6 +45,8 @@ grep -q '"use_sliding_window": false' qwen2_off/config.json || fail "could not w
 
 families="$golden/hf_gpt2_tiny:gpt2 $golden/hf_llama/llama_mha:llama $golden/hf_llama/mistral_sw:mistral"
 families+=" $golden/hf_llama/qwen2_sw:qwen $PWD/qwen2_off:qwen $golden/hf_llama/qwen3:qwen3"
+families+=" $golden/hf_llama/gemma_mqa:gemma $golden/hf_llama/gemma2_softcap:gemma2 $golden/hf_llama/gemma3_local:gemma3"
+families+=" $golden/hf_llama/olmo2_gqa:olmo2"
 for entry in $families; do
   dir=${entry%%:*} type=${entry##*:}
   name=$(basename "$dir")

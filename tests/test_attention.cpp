@@ -122,6 +122,30 @@ TEST_CASE("dot_product_attention matches a double loop: no mask, causal, explici
   check_close(hax::sum(w, KPos).to_host(), std::vector<double>(B * H * P, 1.0), 1e-12, 1e-12);
 }
 
+TEST_CASE("dot_product_attention: logit soft-capping (Gemma 2), values against a loop and finite differences") {
+  const std::int64_t B = 2, P = 5, N = 5, H = 2, D = 4;
+  // Large scores, so that the cap (tanh saturating near +-cap) changes the result.
+  auto x = random_qkv<double>(21, B, P, N, H, D, 4.0);
+  auto q = host(x.q), k = host(x.k), v = host(x.v);
+  const nn::attention_options capped{.scale = 0.4, .logits_soft_cap = 2.0};
+  auto causal = [](auto, auto i, auto j) { return j <= i; };
+  auto y = nn::dot_product_attention(x.q, x.k, x.v, KPos, Key, nn::causal_mask(P * Pos, N * KPos), capped);
+  check_close(host(y), reference(q, k, v, B, P, N, H, D, 0.4, causal, 2.0), 1e-12, 1e-12);
+  // The cap matters here: without it the result is different.
+  const auto uncapped = reference(q, k, v, B, P, N, H, D, 0.4, causal);
+  double diff = 0;
+  for (std::size_t i = 0; i < uncapped.size(); ++i) diff = std::max(diff, std::abs(uncapped[i] - host(y)[i]));
+  CHECK(diff > 1e-2);
+  auto yn = nn::dot_product_attention(x.q, x.k, x.v, KPos, Key, capped);
+  check_close(host(yn), reference(q, k, v, B, P, N, H, D, 0.4, [](auto, auto, auto) { return true; }, 2.0), 1e-12,
+              1e-12);
+  gradcheck::check_output_gradient(
+      [&](const qkv<double>& m) {
+        return nn::dot_product_attention(m.q, m.k, m.v, KPos, Key, nn::causal_mask(P * Pos, N * KPos), capped);
+      },
+      x);
+}
+
 TEST_CASE("dot_product_attention: value head axis differs from Key, and float matches double") {
   const std::int64_t B = 1, P = 4, N = 4, H = 2, D = 3, E = 5;
   auto q = random_array<double>(3, B * Batch, P * Pos, H * Head, D * Key);

@@ -1,8 +1,11 @@
 // The Llama family (levanter/models/llama*.hpp) against the goldens of tests/oracle/gen_hf_llama_golden.py and
-// gen_levanter_llama_grads.py (tests/golden/hf_llama/): tiny random Llama, Mistral, Qwen2 and Qwen3 models written
+// gen_levanter_llama_grads.py (tests/golden/hf_llama/): tiny random Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 and
+// Gemma 3 models (gen_hf_gemma_golden.py) written
 // by `transformers`, their logits and next-token-loss gradients on fixed tokens (torch), and the same gradients
 // from upstream Levanter (JAX) where upstream computes the same function. Cases cover MHA, GQA, MQA, every RoPE
-// type, sliding windows, q/k/v biases, QK norm, an explicit head_dim, tied and untied heads. Also: RoPE tables,
+// type, sliding windows, q/k/v biases, QK norm, an explicit head_dim, tied and untied heads, Gemma's (1 + w) norms,
+// soft-capping, query_pre_attn_scalar and local layers with their own RoPE, OLMo 2's post-norm layers and
+// whole-projection QK norms. Also: RoPE tables,
 // RoPE's finite-difference gradient, upstream's init from PRNGKey(0), Hugging Face export → import bitwise, and
 // config checks.
 #include <algorithm>
@@ -33,14 +36,21 @@ namespace {
 
 const std::string golden = std::string(HALIAX_GOLDEN_DIR) + "/hf_llama";
 
-const char* const cases[] = {
-    "llama_mha", "llama_gqa_tied_linear", "llama_mqa_llama3", "llama_yarn_headdim", "mistral_sw", "qwen2_sw", "qwen3"};
+// The Gemma and OLMo 2 cases come from gen_hf_gemma_golden.py and gen_hf_olmo2_golden.py (this model with another
+// config).
+const char* const cases[] = {"llama_mha", "llama_gqa_tied_linear", "llama_mqa_llama3", "llama_yarn_headdim",
+                             "mistral_sw", "qwen2_sw",          "qwen3",           "gemma_mqa",
+                             "gemma_gqa", "gemma2_softcap", "gemma3_local", "olmo2_gqa", "olmo2_tied_llama3"};
 
 /// The config of our type for an HF model_type.
 LlamaConfig base_for(const std::string& model_type) {
   if (model_type == "mistral") return levanter::MistralConfig{};
   if (model_type == "qwen2") return levanter::QwenConfig{};
   if (model_type == "qwen3") return levanter::Qwen3Config{};
+  if (model_type == "gemma") return levanter::GemmaConfig{};
+  if (model_type == "gemma2") return levanter::Gemma2Config{};
+  if (model_type == "gemma3_text") return levanter::Gemma3Config{};
+  if (model_type == "olmo2") return levanter::Olmo2Config{};
   return LlamaConfig{};
 }
 
@@ -104,6 +114,39 @@ std::map<std::string, std::vector<float>> by_hf_name(const LMHeadModel& m) {
     levanter::hf::detail::host_copy(name, host.data(), host.size(), A::hf_name(name), leaf.sizes()[0], out);
   });
   return out;
+}
+
+/// The loss's derivative along its own (normalised) gradient, by central differences of step h, against |g|: a
+/// check of the whole model's gradient that needs no double build.
+void check_gradient_by_finite_differences(const LMHeadModel& model, const LlamaConfig& cfg,
+                                          const levanter::lm_example& ex) {
+  auto loss_of = [&](const LMHeadModel& p) { return levanter::compute_next_token_loss(p, cfg, ex); };
+  auto [loss, grads] = hax::value_and_grad(loss_of)(model);
+  double gnorm2 = 0;
+  hax::tree::for_each_leaf(grads, [&](const std::string&, const auto& g) {
+    for (float x : g.to_host()) gnorm2 += double(x) * x;
+  });
+  const double gnorm = std::sqrt(gnorm2), h = 1e-2;
+  auto shifted = [&](double t) {
+    LMHeadModel out = model;
+    LMHeadModel g = grads;
+    hax::tree::zip_leaves(out, g, [&](const std::string&, auto& p, auto& gl) { p = p + gl * float(t / gnorm); });
+    return out;
+  };
+  hax::no_grad_guard ng;
+  const double fd = (double(loss_of(shifted(h)).item()) - double(loss_of(shifted(-h)).item())) / (2 * h);
+  CHECK(fd == doctest::Approx(gnorm).epsilon(2e-2));
+}
+
+/// `c` at a tiny size (16 wide, 2 layers, 4 heads over 2 KV heads).
+LlamaConfig tiny_of(LlamaConfig c) {
+  c.seq_len = 16;
+  c.hidden_dim = 16;
+  c.intermediate_dim = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  return c;
 }
 
 levanter::config::validation_result validate_cfg(const LlamaConfig& c) {
@@ -305,16 +348,205 @@ TEST_CASE("llama family: config checks name the key") {
   t.tie_word_embeddings = true;
   CHECK(ok.parameter_count(1000) - t.parameter_count(1000) == 1000 * ok.hidden_dim);
   // a real tiny model has exactly the counted parameters
-  LlamaConfig tiny;
-  tiny.seq_len = 16;
-  tiny.hidden_dim = 16;
-  tiny.intermediate_dim = 24;
-  tiny.num_layers = 2;
-  tiny.num_heads = 4;
-  tiny.num_kv_heads = 2;
+  LlamaConfig tiny = tiny_of(LlamaConfig{});
   for (auto fam : {levanter::llama_family::llama, levanter::llama_family::qwen2, levanter::llama_family::qwen3}) {
     tiny.family = fam;
     auto mm = LMHeadModel::init(tiny, 50, hax::random::make_key(2));
     CHECK(hax::tree::parameter_count(mm) == tiny.parameter_count(50));
   }
+}
+
+TEST_CASE("gemma: the cases exercise what they claim (soft caps bite, local layers and their RoPE, norms)") {
+  {
+    auto [cfg, model, vocab] = import_case("gemma2_softcap");
+    CHECK(cfg.family == levanter::llama_family::gemma2);
+    CHECK(cfg.attn_logit_softcapping == 0.5);
+    CHECK(cfg.final_logit_softcapping == 1.0);
+    CHECK(cfg.query_pre_attn_scalar == 12.0);
+    CHECK(cfg.window_of_layer(0) == 4);
+    CHECK(cfg.window_of_layer(1) == 0);
+    CHECK(cfg.tied());
+    CHECK(cfg.activation_function == "gelu_new");
+    h5golden::file f(golden + "/gemma2_softcap_golden.h5");
+    auto b = golden_batch(f);
+    const auto want = f.floats("logits");
+    hax::no_grad_guard ng;
+    // each of the three changes the logits by far more than the tolerance: dropping one is caught
+    for (int drop = 0; drop < 3; ++drop) {
+      auto c = cfg;
+      if (drop == 0) c.attn_logit_softcapping.reset();
+      if (drop == 1) c.final_logit_softcapping.reset();
+      if (drop == 2) c.query_pre_attn_scalar.reset();
+      CAPTURE(drop);
+      CHECK(max_abs_diff(levanter::lm_logits(model, c, b.tokens, b.ex.segment_ids).to_host(), want) > 1e-3);
+    }
+    // the final soft cap bounds the logits
+    for (float z : levanter::lm_logits(model, cfg, b.tokens, b.ex.segment_ids).to_host()) CHECK(std::fabs(z) < 1.0f);
+    // with a block size the loss is computed unblocked (the cap needs every logit), and equals torch's
+    auto blocked = cfg;
+    blocked.cross_entropy_block_size = 16;
+    CHECK(std::fabs(levanter::compute_next_token_loss(model, blocked, b.ex).item() - f.floats("loss")[0]) <= 1e-5);
+    auto r = validate_cfg(blocked);
+    CHECK(r.errors.empty());
+  }
+  {
+    auto [cfg, model, vocab] = import_case("gemma3_local");
+    CHECK(cfg.family == levanter::llama_family::gemma3);
+    CHECK(cfg.sliding_window_pattern == 3);
+    CHECK(cfg.rope_local_base_freq == 100.0);
+    CHECK(cfg.qk_norm());
+    CHECK((cfg.local_layer(0) && cfg.local_layer(1) && !cfg.local_layer(2)));
+    CHECK(std::get<levanter::DefaultRopeConfig>(cfg.rope_of_layer(0).value).theta == 100.0);
+    CHECK(std::holds_alternative<levanter::LinearRopeConfig>(cfg.rope_of_layer(2).value));
+    // Upstream treats every layer as global: that computes another function (recorded in docs/models.md).
+    h5golden::file f(golden + "/gemma3_local_golden.h5");
+    auto b = golden_batch(f);
+    hax::no_grad_guard ng;
+    auto all_global = cfg;
+    all_global.sliding_window_pattern.reset();
+    CHECK(max_abs_diff(levanter::lm_logits(model, all_global, b.tokens, b.ex.segment_ids).to_host(),
+                       f.floats("logits")) > 1e-3);
+  }
+  {
+    auto [cfg, model, vocab] = import_case("gemma_mqa");
+    CHECK(cfg.family == levanter::llama_family::gemma);
+    CHECK(cfg.num_kv_heads == 1);
+    CHECK(cfg.head_size() == 16);
+    // the norms are Gemma's: stored weight w, scale 1 + w
+    CHECK(model.transformer.norm.unit_offset);
+    CHECK(cfg.embedding_scale() == double(std::sqrt(32.0f)));
+  }
+}
+
+TEST_CASE("gemma and olmo2: upstream Levanter computes the same function where it should, and not where recorded") {
+  // gen_levanter_llama_grads.py: upstream's gradients are compared in the loss/gradient test above when it matches.
+  for (const char* name : {"gemma_gqa", "olmo2_gqa"}) {
+    CAPTURE(name);
+    h5golden::file f(golden + "/" + std::string(name) + "_golden.h5");
+    REQUIRE(f.has("levanter_grads"));
+    CHECK(f.attr("levanter_matches_torch") == 1.0);
+  }
+  // upstream ignores query_pre_attn_scalar, the final cap and the windows (Gemma 2), and local layers (Gemma 3)
+  for (const char* name : {"gemma2_softcap", "gemma3_local"}) {
+    CAPTURE(name);
+    h5golden::file f(golden + "/" + std::string(name) + "_golden.h5");
+    REQUIRE(f.has("levanter_grads"));
+    CHECK(f.attr("levanter_matches_torch") == 0.0);
+  }
+}
+
+TEST_CASE("gemma: upstream defaults, init, parameter counts and config checks") {
+  levanter::GemmaConfig g;
+  CHECK(g.seq_len == 8192);
+  CHECK(g.hidden_dim == 2048);
+  CHECK(g.intermediate_dim == 16384);
+  CHECK(g.num_layers == 18);
+  CHECK(g.num_heads == 8);
+  CHECK(g.head_size() == 256);
+  CHECK(g.num_kv_heads == 1);
+  CHECK(g.activation_function == "gelu_new");
+  CHECK(g.tied());
+  CHECK(validate_cfg(g).errors.empty());
+  levanter::Gemma2Config g2;
+  CHECK(g2.query_pre_attn_scalar == 256.0);
+  CHECK(g2.attn_logit_softcapping == 50.0);
+  CHECK(g2.final_logit_softcapping == 30.0);
+  CHECK(!g2.sliding_window);
+  levanter::Gemma3Config g3;
+  CHECK(g3.qk_norm());
+  CHECK((!g3.attn_logit_softcapping && !g3.final_logit_softcapping && !g3.sliding_window_pattern));
+  CHECK(g3.rope_local_base_freq == 10000.0);
+  // tiny models: exactly the counted parameters; norms start at 0 (scale 1); the four norms of Gemma 2/3
+  for (LlamaConfig c : {tiny_of(levanter::GemmaConfig{}), tiny_of(levanter::Gemma2Config{}),
+                        tiny_of(levanter::Gemma3Config{})}) {
+    c.head_dim = 8;
+    CAPTURE(levanter::family_type_name(c.family));
+    auto m = LMHeadModel::init(c, 50, hax::random::make_key(2));
+    CHECK(hax::tree::parameter_count(m) == c.parameter_count(50));
+    for (float w : m.transformer.norm.weight->to_host()) CHECK(w == 0.0f);
+    CHECK(m.transformer.layers.stacked.pre_feedforward_layernorm.has_value() == c.sandwich_norms());
+    CHECK(!m.lm_head);
+  }
+  // the checks name the key
+  levanter::GemmaConfig bad;
+  bad.use_bias = true;
+  bad.hybrid_norm = true;
+  bad.use_layer_norm_weight = false;
+  auto r = validate_cfg(bad);
+  REQUIRE(r.errors.size() >= 3);
+  std::string all;
+  for (const auto& e : r.errors) all += e + "\n";
+  CHECK(all.find("model.use_bias") != std::string::npos);
+  CHECK(all.find("model.hybrid_norm") != std::string::npos);
+  CHECK(all.find("model.use_layer_norm_weight") != std::string::npos);
+  levanter::Gemma2Config neg;
+  neg.attn_logit_softcapping = -1.0;
+  neg.query_pre_attn_scalar = 0.0;
+  auto rn = validate_cfg(neg);
+  REQUIRE(rn.errors.size() >= 2);
+  CHECK(rn.errors[0].find("model.") != std::string::npos);
+  // a Gemma 2 directory is not a Gemma 3 one
+  auto d = levanter::hf::open_dir(golden + "/gemma2_softcap", "test");
+  CHECK_THROWS_WITH_AS(levanter::hf::config_from_hf<LMHeadModel>(levanter::Gemma3Config{}, d),
+                       doctest::Contains("set model.type: gemma2"), levanter::hf::error);
+  auto d3 = levanter::hf::open_dir(golden + "/gemma3_local", "test");
+  CHECK_THROWS_WITH_AS(levanter::hf::config_from_hf<LMHeadModel>(LlamaConfig{}, d3),
+                       doctest::Contains("set model.type: gemma3"), levanter::hf::error);
+}
+
+TEST_CASE("gemma: the gradient of the whole model by finite differences (soft caps, local layers, (1 + w) norms)") {
+  for (const char* name : {"gemma2_softcap", "gemma3_local"}) {
+    CAPTURE(name);
+    auto [cfg, model, vocab] = import_case(name);
+    h5golden::file f(golden + "/" + std::string(name) + "_golden.h5");
+    check_gradient_by_finite_differences(model, cfg, golden_batch(f).ex);
+  }
+}
+
+TEST_CASE("olmo2: post-norm layers and whole-projection QK norms, defaults, counts, checks") {
+  auto [cfg, model, vocab] = import_case("olmo2_gqa");
+  CHECK(cfg.family == levanter::llama_family::olmo2);
+  const auto& layer = model.transformer.layers.stacked;
+  CHECK(!layer.input_layernorm);
+  CHECK(layer.post_feedforward_layernorm.has_value());
+  REQUIRE(layer.self_attn.q_proj_norm.has_value());
+  CHECK(layer.self_attn.q_proj_norm->weight->size(levanter::llama::QFeatures) == 32);
+  CHECK(layer.self_attn.k_proj_norm->weight->size(levanter::llama::KFeatures) == 16);
+  CHECK(!layer.self_attn.q_norm);
+  // the norms are over the whole projection: dropping them changes the logits
+  h5golden::file f(golden + "/olmo2_gqa_golden.h5");
+  auto b = golden_batch(f);
+  {
+    hax::no_grad_guard ng;
+    auto plain = model;
+    plain.transformer.layers.stacked.self_attn.q_proj_norm.reset();
+    plain.transformer.layers.stacked.self_attn.k_proj_norm.reset();
+    CHECK(max_abs_diff(levanter::lm_logits(plain, cfg, b.tokens, b.ex.segment_ids).to_host(), f.floats("logits")) >
+          1e-3);
+  }
+  check_gradient_by_finite_differences(model, cfg, b.ex);
+
+  levanter::Olmo2Config d;
+  CHECK(d.seq_len == 4096);
+  CHECK(d.hidden_dim == 4096);
+  CHECK(d.num_kv_heads == 32);
+  CHECK(d.layer_norm_epsilon == 1e-6);
+  CHECK(!d.tied());
+  CHECK(d.activation_function == "silu");
+  CHECK(validate_cfg(d).errors.empty());
+  const LlamaConfig tiny = tiny_of(levanter::Olmo2Config{});
+  auto m = LMHeadModel::init(tiny, 50, hax::random::make_key(2));
+  CHECK(hax::tree::parameter_count(m) == tiny.parameter_count(50));
+  levanter::Olmo2Config bad;
+  bad.hybrid_norm = true;
+  bad.use_qk_norm = true;
+  bad.attention_bias = true;
+  const levanter::config::source_map none;
+  levanter::config::validator v{none, {}};
+  levanter::validate(v, bad);
+  std::string all;
+  for (const auto& e : v.result.errors) all += e + "\n";
+  CHECK(all.find("model.hybrid_norm") != std::string::npos);
+  CHECK(all.find("model.use_qk_norm") != std::string::npos);
+  CHECK(all.find("model.attention_bias") != std::string::npos);
 }

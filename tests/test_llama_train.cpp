@@ -1,6 +1,7 @@
 // The Llama family through train_lm's library entry point (levanter/main/train_lm.hpp): for each type (llama with
 // GQA, mistral with a sliding window shorter than the sequence, qwen with biases and windows from layer 1, qwen3
-// with QK norm) a tiny model trains 20 steps with a falling loss, a run stopped after step 13 and resumed from its
+// with QK norm, gemma with MQA, gemma2 with soft-capping and local layers, gemma3 with local layers and their own
+// RoPE base, olmo2 with post-norm layers) a tiny model trains 20 steps with a falling loss, a run stopped after step 13 and resumed from its
 // step-10 checkpoint equals the uninterrupted one bitwise (losses, parameters, optimizer state), the resolved
 // config keeps its type, and the Hugging Face export it writes starts a new run (initialize_from_hf).
 #include <algorithm>
@@ -78,6 +79,19 @@ TEST_CASE("llama family: 20 steps train, resume bitwise, keep their type, and re
       {"qwen3",
        "{type: qwen3, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
        "num_kv_heads: 2, head_dim: 16, rope: {type: yarn, factor: 2, original_max_position_embeddings: 16}}"},
+      {"gemma",
+       "{type: gemma, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 1, head_dim: 16}"},
+      {"gemma2",
+       "{type: gemma2, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2, head_dim: 8, query_pre_attn_scalar: 12, attn_logit_softcapping: 5.0, "
+       "final_logit_softcapping: 10.0, sliding_window: 8}"},
+      {"gemma3",
+       "{type: gemma3, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 3, num_heads: 4, "
+       "num_kv_heads: 2, head_dim: 8, sliding_window: 8, sliding_window_pattern: 3, rope_local_base_freq: 100.0}"},
+      {"olmo2",
+       "{type: olmo2, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2}"},
   };
   for (const auto& [type, model] : models) {
     const std::string type_name = type;

@@ -121,6 +121,7 @@ TEST_CASE("LayerNorm and RmsNorm: values and gradients") {
   nn::RmsNorm<Embed, axes<>, double> rms;
   rms.weight = rnd<double>(9, 5 * Embed);
   rms.eps = 1e-6;
+  rms.unit_offset = false;
   auto r = rms(x).to_host();
   for (int b = 0; b < 3; ++b) {
     double ms = 0;
@@ -129,6 +130,21 @@ TEST_CASE("LayerNorm and RmsNorm: values and gradients") {
   }
   gradcheck::check_output_gradient([&](const auto& m) { return m(x); }, rms);
   gradcheck::check_output_gradient([&](const auto& xx) { return rms(xx); }, x);
+
+  // Gemma's form: the scale is (1 + weight), and the weight starts at 0 (so the norm starts as the plain one).
+  auto gemma = nn::RmsNorm<Embed, axes<>, double>::init(5 * Embed, 1e-6, true, false, true);
+  for (double w : gemma.weight->to_host()) CHECK(w == 0.0);
+  gemma.weight = rms.weight;
+  auto rg = gemma(x).to_host();
+  for (int b = 0; b < 3; ++b) {
+    double ms = 0;
+    for (int e = 0; e < 5; ++e) ms += xs[b * 5 + e] * xs[b * 5 + e] / 5;
+    for (int e = 0; e < 5; ++e)
+      CHECK(rg[b * 5 + e] ==
+            doctest::Approx(xs[b * 5 + e] / std::sqrt(ms + 1e-6) * (1.0 + rms.weight->to_host()[e])));
+  }
+  gradcheck::check_output_gradient([&](const auto& m) { return m(x); }, gemma);
+  gradcheck::check_output_gradient([&](const auto& xx) { return gemma(xx); }, x);
   auto plain = nn::LayerNorm<Embed>::init(5 * Embed, 1e-5, false, false);
   CHECK(hax::tree::leaf_names(plain).empty());
 }

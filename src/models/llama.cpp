@@ -10,10 +10,11 @@ namespace levanter::llama {
 
 namespace {
 
-/// upstream `config.mk_LayerNorm`: an RmsNorm with a weight when use_layer_norm_weight, a bias when use_bias.
+/// upstream `config.mk_LayerNorm`: an RmsNorm with a weight when use_layer_norm_weight, a bias when use_bias;
+/// Gemma's scales by (1 + weight), the weight starting at 0.
 template <class Norm, class A>
 Norm make_norm(const LlamaConfig& cfg, A axis) {
-  return Norm::init(axis, cfg.layer_norm_epsilon, cfg.use_layer_norm_weight, cfg.use_bias);
+  return Norm::init(axis, cfg.layer_norm_epsilon, cfg.use_layer_norm_weight, cfg.use_bias, cfg.unit_offset_norms());
 }
 
 }  // namespace
@@ -40,16 +41,25 @@ LMHeadModel LMHeadModel::init(const LlamaConfig& cfg, std::int64_t vocab, hax::r
       b.self_attn.q_norm = make_norm<A::qk_norm_t>(cfg, D);
       b.self_attn.k_norm = make_norm<A::qk_norm_t>(cfg, D);
     }
+    if (cfg.projection_qk_norm()) {
+      b.self_attn.q_proj_norm = make_norm<A::q_proj_norm_t>(cfg, cfg.num_heads * cfg.head_size() * QFeatures);
+      b.self_attn.k_proj_norm = make_norm<A::k_proj_norm_t>(cfg, cfg.num_kv_heads * cfg.head_size() * KFeatures);
+    }
     auto km = hax::random::split(kb[1], 3);
     const auto F = cfg.intermediate_dim * levanter::Mlp;
     b.mlp.gate_proj = LlamaMlp<>::in_t::init(km[0], E, F, cfg.use_bias);
     b.mlp.up_proj = LlamaMlp<>::in_t::init(km[1], E, F, cfg.use_bias);
     b.mlp.down_proj = LlamaMlp<>::out_t::init(km[2], F, E, cfg.use_bias);
-    b.input_layernorm = make_norm<L::norm_t>(cfg, E);
+    if (!cfg.post_norms_only()) b.input_layernorm = make_norm<L::norm_t>(cfg, E);
     b.post_attention_layernorm = make_norm<L::norm_t>(cfg, E);
+    if (cfg.post_norms_only()) b.post_feedforward_layernorm = make_norm<L::norm_t>(cfg, E);
     if (cfg.hybrid_norm) {
       b.post_attn_layernorm = make_norm<L::norm_t>(cfg, E);
       b.post_mlp_layernorm = make_norm<L::norm_t>(cfg, E);
+    }
+    if (cfg.sandwich_norms()) {
+      b.pre_feedforward_layernorm = make_norm<L::norm_t>(cfg, E);
+      b.post_feedforward_layernorm = make_norm<L::norm_t>(cfg, E);
     }
     return b;
   });
@@ -84,17 +94,28 @@ hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& token
     throw std::invalid_argument(std::string(family_type_name(cfg.family)) + ": sequence of " + std::to_string(n) +
                                 " tokens is longer than seq_len " + std::to_string(cfg.seq_len));
   hidden x = embeddings.token_embeddings.embed(tokens);
+  if (cfg.gemma()) x = x * cfg.embedding_scale();
   if (embeddings.norm) x = (*embeddings.norm)(x);
   x = transformer.layers.fold(
       x,
       [&cfg, &segments](const DecoderLayer<>& b, const hidden& h, std::int64_t i) -> hidden {
-        hidden a = attention(b.self_attn, cfg, b.input_layernorm(h), segments, i);
+        const auto mlp = [&](const hidden& u) {
+          return b.mlp.down_proj(
+              nn::apply_activation(nn::activation_from_name(cfg.activation_function), b.mlp.gate_proj(u)) *
+              b.mlp.up_proj(u));
+        };
+        if (!b.input_layernorm) {  // OLMo 2: the norms follow the sublayers
+          const hidden h2 = h + b.post_attention_layernorm(attention(b.self_attn, cfg, h, segments, i));
+          return h2 + (*b.post_feedforward_layernorm)(mlp(h2));
+        }
+        hidden a = attention(b.self_attn, cfg, (*b.input_layernorm)(h), segments, i);
+        if (b.pre_feedforward_layernorm) {  // Gemma 2 and 3
+          const hidden h2 = h + b.post_attention_layernorm(a);
+          return h2 + (*b.post_feedforward_layernorm)(mlp((*b.pre_feedforward_layernorm)(h2)));
+        }
         if (b.post_attn_layernorm) a = (*b.post_attn_layernorm)(a);
         hidden h2 = h + a;
-        const hidden u = b.post_attention_layernorm(h2);
-        hidden f = b.mlp.down_proj(
-            nn::apply_activation(nn::activation_from_name(cfg.activation_function), b.mlp.gate_proj(u)) *
-            b.mlp.up_proj(u));
+        hidden f = mlp(b.post_attention_layernorm(h2));
         if (b.post_mlp_layernorm) f = (*b.post_mlp_layernorm)(f);
         return h2 + f;
       },

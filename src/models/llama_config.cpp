@@ -50,6 +50,36 @@ void validate(config::validator& v, const LlamaConfig& m) {
   if (m.family == llama_family::mistral && m.tie_word_embeddings)
     v.refuse("model.tie_word_embeddings", "Mistral's LM head is never tied (as upstream)",
              "remove the key or use type: llama");
+  if (m.gemma()) {
+    // upstream's GemmaRMSNorm has a weight and no bias; the Gemma layer has no hybrid_norm.
+    if (!m.use_layer_norm_weight)
+      v.refuse("model.use_layer_norm_weight", "Gemma's RMSNorm always has a weight (it scales by 1 + weight)",
+               "remove the key");
+    if (m.use_bias)
+      v.refuse("model.use_bias", "Gemma's RMSNorm has no bias (as upstream's GemmaRMSNorm)", "remove the key");
+    if (m.hybrid_norm)
+      v.refuse("model.hybrid_norm", "Gemma has no hybrid_norm (Gemma 2 and 3 have their own four norms per layer)",
+               "remove the key, or use type: gemma2");
+    if (m.query_pre_attn_scalar)
+      config::check_real(v, "model.query_pre_attn_scalar", *m.query_pre_attn_scalar, 0, 1e12, true, false);
+    if (m.attn_logit_softcapping)
+      config::check_real(v, "model.attn_logit_softcapping", *m.attn_logit_softcapping, 0, 1e12, true, false);
+    if (m.final_logit_softcapping)
+      config::check_real(v, "model.final_logit_softcapping", *m.final_logit_softcapping, 0, 1e12, true, false);
+    if (m.final_logit_softcapping && m.cross_entropy_block_size)
+      v.note("model.cross_entropy_block_size",
+             "final_logit_softcapping needs the whole logits; the loss is computed unblocked (as upstream's "
+             "default) and the block size is not used");
+    if (m.sliding_window_pattern) check_int(v, "model.sliding_window_pattern", *m.sliding_window_pattern, 1, bounds::max_layers);
+    config::check_real(v, "model.rope_local_base_freq", m.rope_local_base_freq, 0, 1e12, true, false);
+  }
+  if (m.family == llama_family::olmo2) {
+    if (m.hybrid_norm)
+      v.refuse("model.hybrid_norm", "OLMo 2's layer already normalises after each sublayer", "remove the key");
+    if (m.use_qk_norm)
+      v.refuse("model.use_qk_norm", "OLMo 2 normalises the whole query and key projections already",
+               "remove the key");
+  }
   const auto check_rope = [&](const char* key, double x, bool strictly) {
     config::check_real(v, std::string("model.rope.") + key, x, 0, 1e12, strictly, false);
   };
@@ -76,9 +106,20 @@ void validate(config::validator& v, const LlamaConfig& m) {
       m.rope.value);
 }
 
+void validate(config::validator& v, const Olmo2Config& m) {
+  validate(v, static_cast<const LlamaConfig&>(m));
+  if (m.attention_bias)
+    v.refuse("model.attention_bias", "biases in OLMo 2's attention projections are not supported here",
+             "remove the key (OLMo 2 checkpoints have none)");
+}
+
 }  // namespace levanter
 
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::LlamaConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MistralConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::QwenConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Qwen3Config)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::GemmaConfig)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Gemma2Config)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Gemma3Config)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Olmo2Config)

@@ -37,6 +37,15 @@ void adapter::check_matches(const LlamaConfig& c, const nlohmann::json& j, const
   differs("hidden_act", c.activation_function, h.activation_function);
   differs("tie_word_embeddings", c.tied(), h.tied());
   differs("rope_parameters", rope_to_hf(c.rope).dump(), rope_to_hf(h.rope).dump());
+  if (c.gemma()) {
+    differs("query_pre_attn_scalar (as the attention scale)", c.attention_scale(), h.attention_scale());
+    differs("attn_logit_softcapping", nlohmann::json(c.attn_logit_softcapping ? *c.attn_logit_softcapping : 0.0),
+            nlohmann::json(h.attn_logit_softcapping ? *h.attn_logit_softcapping : 0.0));
+    differs("final_logit_softcapping", nlohmann::json(c.final_logit_softcapping ? *c.final_logit_softcapping : 0.0),
+            nlohmann::json(h.final_logit_softcapping ? *h.final_logit_softcapping : 0.0));
+    for (int i = 0; i < c.num_layers; ++i)
+      differs("the RoPE of this layer", rope_to_hf(c.rope_of_layer(i)).dump(), rope_to_hf(h.rope_of_layer(i)).dump());
+  }
   for (int i = 0; i < c.num_layers; ++i)
     differs("a sliding window on this layer", c.window_of_layer(i), h.window_of_layer(i));
 }
@@ -53,6 +62,10 @@ std::string adapter::hf_name(const std::string& ours) {
       const std::string rest = ours.substr(std::strlen(from));
       if (rest.starts_with("post_attn_layernorm") || rest.starts_with("post_mlp_layernorm"))
         break;  // hybrid_norm: no Hugging Face form
+      // OLMo 2's whole-projection norms are its q_norm / k_norm
+      for (const auto& [ours_norm, hf_norm] : {std::pair{"self_attn.q_proj_norm.", "self_attn.q_norm."},
+                                               std::pair{"self_attn.k_proj_norm.", "self_attn.k_norm."}})
+        if (rest.starts_with(ours_norm)) return std::string(to) + hf_norm + rest.substr(std::strlen(ours_norm));
       return std::string(to) + rest;
     }
   throw error("no Hugging Face name for parameter '" + ours +
@@ -79,11 +92,20 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> adapter::hf_layou
       out.push_back({l + "self_attn.q_norm.weight", {D}});
       out.push_back({l + "self_attn.k_norm.weight", {D}});
     }
+    if (c.projection_qk_norm()) {
+      out.push_back({l + "self_attn.q_norm.weight", {H * D}});
+      out.push_back({l + "self_attn.k_norm.weight", {K * D}});
+    }
     out.push_back({l + "mlp.gate_proj.weight", {M, E}});
     out.push_back({l + "mlp.up_proj.weight", {M, E}});
     out.push_back({l + "mlp.down_proj.weight", {E, M}});
-    out.push_back({l + "input_layernorm.weight", {E}});
+    if (!c.post_norms_only()) out.push_back({l + "input_layernorm.weight", {E}});
     out.push_back({l + "post_attention_layernorm.weight", {E}});
+    if (c.post_norms_only()) out.push_back({l + "post_feedforward_layernorm.weight", {E}});
+    if (c.sandwich_norms()) {
+      out.push_back({l + "pre_feedforward_layernorm.weight", {E}});
+      out.push_back({l + "post_feedforward_layernorm.weight", {E}});
+    }
   }
   out.push_back({"model.norm.weight", {E}});
   if (!c.tied()) out.push_back({"lm_head.weight", {vocab, E}});

@@ -1,6 +1,7 @@
 // The Llama family's config.json (levanter/models/hf_config_json.hpp).
 #include <levanter/models/hf_config_json.hpp>
 
+#include <cmath>
 #include <optional>
 #include <variant>
 
@@ -127,9 +128,49 @@ const char* architecture_of(llama_family f) {
       return "Qwen2ForCausalLM";
     case llama_family::qwen3:
       return "Qwen3ForCausalLM";
+    case llama_family::gemma:
+      return "GemmaForCausalLM";
+    case llama_family::gemma2:
+      return "Gemma2ForCausalLM";
+    case llama_family::gemma3:
+      return "Gemma3ForCausalLM";
+    case llama_family::olmo2:
+      return "Olmo2ForCausalLM";
     default:
       return "LlamaForCausalLM";
   }
+}
+
+/// transformers' name of a gated-MLP activation: gelu_new is `gelu_pytorch_tanh` in Gemma configs.
+std::string hf_activation_name(const LlamaConfig& c) {
+  return c.gemma() && c.activation_function == "gelu_new" ? "gelu_pytorch_tanh" : c.activation_function;
+}
+
+/// A positive number or null under `key`.
+std::optional<double> positive_or_null(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  if (!j[key].is_number() || !(j[key].get<double>() > 0))
+    throw error(where + ": '" + key + "' is " + j[key].dump() + ", not a positive number or null");
+  return j[key].get<double>();
+}
+
+nlohmann::json number_or_null(const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); }
+
+/// layer_types as a list of booleans (true: sliding_attention), checked against the layer count.
+std::vector<bool> sliding_layers_of(const nlohmann::json& j, int layers, const std::string& where) {
+  const auto& lt = j["layer_types"];
+  if (!lt.is_array()) throw error(where + ": layer_types is " + lt.dump() + ", not a list");
+  if (static_cast<int>(lt.size()) != layers)
+    throw error(where + ": layer_types has " + std::to_string(lt.size()) + " entries for " + std::to_string(layers) +
+                " layers");
+  std::vector<bool> out;
+  for (int i = 0; i < layers; ++i) {
+    if (!lt[i].is_string() || (lt[i] != "sliding_attention" && lt[i] != "full_attention"))
+      throw error(where + ": layer_types[" + std::to_string(i) + "] is " + lt[i].dump() +
+                  ", not \"full_attention\" or \"sliding_attention\"");
+    out.push_back(lt[i].get<std::string>() == "sliding_attention");
+  }
+  return out;
 }
 
 bool windowed_family(llama_family f) { return f == llama_family::qwen2 || f == llama_family::qwen3; }
@@ -144,6 +185,14 @@ std::string_view llama_model_type_of(const LlamaConfig& c) {
       return "qwen2";
     case llama_family::qwen3:
       return "qwen3";
+    case llama_family::gemma:
+      return "gemma";
+    case llama_family::gemma2:
+      return "gemma2";
+    case llama_family::gemma3:
+      return "gemma3_text";
+    case llama_family::olmo2:
+      return "olmo2";
     default:
       return "llama";
   }
@@ -154,8 +203,19 @@ nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
   if (c.hybrid_norm || c.input_embedding_norm)
     throw error(who + ": hybrid_norm and input_embedding_norm have no Hugging Face form; disable them to export");
   if (c.use_bias) throw error(who + ": use_bias true (biases in every projection and norm) has no Hugging Face form");
-  if (c.use_qk_norm && c.family != llama_family::qwen3)
-    throw error(who + ": use_qk_norm has no Hugging Face form for this model type (use type: qwen3)");
+  if (c.use_qk_norm && c.family != llama_family::qwen3 && c.family != llama_family::gemma3 &&
+      c.family != llama_family::olmo2)
+    throw error(who + ": use_qk_norm has no Hugging Face form for this model type (use type: qwen3 or gemma3)");
+  if (c.family == llama_family::gemma3 && !c.use_qk_norm)
+    throw error(who + ": use_qk_norm false has no Hugging Face form (transformers' Gemma 3 always normalises "
+                "queries and keys)");
+  if ((c.family == llama_family::gemma || c.family == llama_family::gemma2) && c.use_qk_norm)
+    throw error(who + ": use_qk_norm has no Hugging Face form for this model type (use type: gemma3)");
+  if (c.family == llama_family::gemma && (c.attn_logit_softcapping || c.final_logit_softcapping))
+    throw error(who + ": soft-capping has no Hugging Face form for a Gemma 1 model (use type: gemma2)");
+  if (c.family == llama_family::gemma && c.query_pre_attn_scalar && *c.query_pre_attn_scalar != c.head_size())
+    throw error(who + ": query_pre_attn_scalar other than the head size has no Hugging Face form for a Gemma 1 "
+                "model (use type: gemma2)");
   if (!c.use_layer_norm_weight) throw error(who + ": use_layer_norm_weight false has no Hugging Face form");
   nlohmann::json j;
   j["architectures"] = {architecture_of(c.family)};
@@ -168,14 +228,39 @@ nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
   j["num_attention_heads"] = c.num_heads;
   j["num_key_value_heads"] = c.num_kv_heads;
   j["head_dim"] = c.head_size();
-  j["hidden_act"] = c.activation_function;
+  if (c.sandwich_norms())
+    j["hidden_activation"] = hf_activation_name(c);
+  else
+    j["hidden_act"] = hf_activation_name(c);
   j["initializer_range"] = c.initializer_range;
   j["rms_norm_eps"] = c.layer_norm_epsilon;
   j["tie_word_embeddings"] = c.tied();
   j["attention_dropout"] = 0.0;
   j["use_cache"] = true;
   j["rope_parameters"] = rope_to_hf(c.rope);
-  if (c.family == llama_family::llama) {
+  if (c.gemma()) {
+    j["attention_bias"] = false;
+    if (c.sandwich_norms()) {
+      const double qs = c.query_pre_attn_scalar ? *c.query_pre_attn_scalar : double(c.head_size());
+      // an integer as transformers writes it (256, not 256.0)
+      j["query_pre_attn_scalar"] = qs == std::floor(qs) && std::fabs(qs) < 1e15 ? nlohmann::json(std::int64_t(qs))
+                                                                                : nlohmann::json(qs);
+      j["attn_logit_softcapping"] = number_or_null(c.attn_logit_softcapping);
+      j["final_logit_softcapping"] = number_or_null(c.final_logit_softcapping);
+      // upstream writes the context length for "no window", which masks nothing
+      j["sliding_window"] = c.sliding_window ? *c.sliding_window : c.seq_len;
+      nlohmann::json types = nlohmann::json::array();
+      for (int i = 0; i < c.num_layers; ++i) types.push_back(c.local_layer(i) ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+    }
+    if (c.family == llama_family::gemma3) {
+      nlohmann::json local = {{"rope_type", "default"}, {"rope_theta", c.rope_local_base_freq}};
+      j["rope_parameters"] = {{"full_attention", rope_to_hf(c.rope)}, {"sliding_attention", local}};
+      j["use_bidirectional_attention"] = false;
+    }
+  } else if (c.family == llama_family::olmo2) {
+    j["attention_bias"] = false;
+  } else if (c.family == llama_family::llama) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
@@ -199,7 +284,8 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
   if (t != llama_model_type_of(base))
     throw error(where + ": the Hugging Face model is a '" + t +
                 "' but the model config has type: " + std::string(family_type_name(base.family)) +
-                " (set model.type: " + (t == "qwen2" ? std::string("qwen") : t) + ")");
+                " (set model.type: " +
+                (t == "qwen2" ? std::string("qwen") : t == "gemma3_text" ? std::string("gemma3") : t) + ")");
   namespace b = config::bounds;
   base.seq_len = detail::get_int_in(j, "max_position_embeddings", where, 2, b::max_seq_len);
   base.hidden_dim = detail::get_int_in(j, "hidden_size", where, 1, b::max_model_dim);
@@ -214,11 +300,37 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
     const auto hd = detail::get_int_in(j, "head_dim", where, 1, b::max_model_dim);
     if (base.num_heads <= 0 || hd * base.num_heads != base.hidden_dim) base.head_dim = static_cast<int>(hd);
   }
-  base.activation_function = detail::get_or<std::string>(j, "hidden_act", "silu");
+  if (base.gemma()) {
+    // Gemma 2 and 3 name it hidden_activation; Gemma 1 hidden_act. gelu_pytorch_tanh is our gelu_new.
+    std::string act = detail::get_or<std::string>(j, "hidden_act", "gelu_pytorch_tanh");
+    if (j.contains("hidden_activation") && !j["hidden_activation"].is_null())
+      act = detail::get_or<std::string>(j, "hidden_activation", act);
+    base.activation_function = act == "gelu_pytorch_tanh" ? "gelu_new" : act;
+  } else {
+    base.activation_function = detail::get_or<std::string>(j, "hidden_act", "silu");
+  }
   base.initializer_range = detail::get_or<double>(j, "initializer_range", base.initializer_range);
   base.layer_norm_epsilon = detail::get_or<double>(j, "rms_norm_eps", 1e-6);
-  base.tie_word_embeddings = detail::get_or<bool>(j, "tie_word_embeddings", false);
-  base.rope = rope_from_hf(j, base.seq_len, where);
+  base.tie_word_embeddings = detail::get_or<bool>(j, "tie_word_embeddings", base.gemma());
+  if (base.family == llama_family::gemma3 && j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].contains("full_attention")) {
+    // transformers 5 keys Gemma 3's RoPE by layer type
+    const auto& rp = j["rope_parameters"];
+    nlohmann::json full = {{"rope_parameters", rp["full_attention"]}};
+    base.rope = rope_from_hf(full, base.seq_len, where + " (rope_parameters.full_attention)");
+    if (rp.contains("sliding_attention") && !rp["sliding_attention"].is_null()) {
+      nlohmann::json local = {{"rope_parameters", rp["sliding_attention"]}};
+      const RopeChoice lr = rope_from_hf(local, base.seq_len, where + " (rope_parameters.sliding_attention)");
+      const auto* d = std::get_if<DefaultRopeConfig>(&lr.value);
+      if (!d || d->factor != 1.0)
+        throw error(where + ": rope_parameters.sliding_attention must be a default RoPE (only its rope_theta is "
+                    "supported for Gemma 3's local layers)");
+      base.rope_local_base_freq = d->theta;
+    }
+  } else {
+    base.rope = rope_from_hf(j, base.seq_len, where);
+    if (base.family == llama_family::gemma3) base.rope_local_base_freq = detail::get_or<double>(j, "rope_local_base_freq", 10000.0);
+  }
   base.use_bias = false;
   base.hybrid_norm = base.input_embedding_norm = base.use_qk_norm = false;
   base.use_layer_norm_weight = true;
@@ -232,6 +344,48 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
       base.sliding_window.reset();
     if (base.tie_word_embeddings)
       throw error(where + ": tie_word_embeddings true is not supported for a Mistral (upstream unties its head)");
+  } else if (base.gemma()) {
+    base.query_pre_attn_scalar.reset();
+    base.attn_logit_softcapping = base.final_logit_softcapping = std::nullopt;
+    base.sliding_window.reset();
+    base.sliding_window_pattern.reset();
+    if (base.sandwich_norms()) {
+      base.query_pre_attn_scalar = positive_or_null(j, "query_pre_attn_scalar", where);
+      base.attn_logit_softcapping = positive_or_null(j, "attn_logit_softcapping", where);
+      base.final_logit_softcapping = positive_or_null(j, "final_logit_softcapping", where);
+      if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+        const int w = detail::get_int_in(j, "sliding_window", where, 1, b::max_seq_len);
+        if (w < base.seq_len) base.sliding_window = w;  // a window as long as the context masks nothing
+      }
+    }
+    if (base.family == llama_family::gemma3) {
+      base.use_qk_norm = true;
+      if (detail::get_or<bool>(j, "use_bidirectional_attention", false))
+        throw error(where + ": use_bidirectional_attention true is not supported (causal language models only)");
+      // the local layers: from layer_types, else sliding_window_pattern (transformers' default 6)
+      std::vector<bool> sliding;
+      if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+        sliding = sliding_layers_of(j, base.num_layers, where);
+      } else {
+        const int p = j.contains("sliding_window_pattern") && !j["sliding_window_pattern"].is_null()
+                          ? detail::get_int_in(j, "sliding_window_pattern", where, 1, b::max_layers)
+                          : 6;
+        for (int i = 0; i < base.num_layers; ++i) sliding.push_back((i + 1) % p != 0);
+      }
+      int first_full = 0;
+      while (first_full < base.num_layers && sliding[first_full]) ++first_full;
+      if (first_full > 0) base.sliding_window_pattern = first_full + 1;  // all sliding: a pattern past the end
+      for (int i = 0; i < base.num_layers; ++i)
+        if (sliding[i] != base.local_layer(i))
+          throw error(where + ": layer_types[" + std::to_string(i) + "] breaks the pattern of one full_attention " +
+                      "layer every " + std::to_string(first_full + 1) + " (other layouts are not supported)");
+    } else if (base.family == llama_family::gemma2 && j.contains("layer_types") && !j["layer_types"].is_null()) {
+      const auto sliding = sliding_layers_of(j, base.num_layers, where);
+      for (int i = 0; i < base.num_layers; ++i)
+        if (sliding[i] != base.local_layer(i))
+          throw error(where + ": layer_types[" + std::to_string(i) + "] is not Gemma 2's layout (sliding_attention "
+                      "on even layers, full_attention on odd ones; other layouts are not supported)");
+    }
   } else if (windowed_family(base.family)) {
     base.use_sliding_window = detail::get_or<bool>(j, "use_sliding_window", false);
     if (j.contains("sliding_window") && !j["sliding_window"].is_null())
@@ -276,7 +430,10 @@ std::vector<std::pair<std::string, std::string>> llama_hf_keys() {
           {"model.activation_function", "hidden_act"}, {"model.initializer_range", "initializer_range"},
           {"model.sliding_window", "sliding_window"}, {"model.max_window_layers", "max_window_layers"},
           {"model.use_sliding_window", "use_sliding_window"}, {"model.rope.theta", "rope_theta"},
-          {"model.rope.", "rope_parameters."}};
+          {"model.rope.", "rope_parameters."}, {"model.query_pre_attn_scalar", "query_pre_attn_scalar"},
+          {"model.attn_logit_softcapping", "attn_logit_softcapping"},
+          {"model.final_logit_softcapping", "final_logit_softcapping"},
+          {"model.sliding_window_pattern", "layer_types"}, {"model.rope_local_base_freq", "rope_local_base_freq"}};
 }
 
 }  // namespace levanter::hf

@@ -17,6 +17,14 @@ std::string_view family_type_name(llama_family f) {
       return QwenConfig::type_name;
     case llama_family::qwen3:
       return Qwen3Config::type_name;
+    case llama_family::gemma:
+      return GemmaConfig::type_name;
+    case llama_family::gemma2:
+      return Gemma2Config::type_name;
+    case llama_family::gemma3:
+      return Gemma3Config::type_name;
+    case llama_family::olmo2:
+      return Olmo2Config::type_name;
   }
   return "llama";
 }
@@ -46,6 +54,15 @@ haliax::nn::rope_spec rope_spec_of(const RopeChoice& r) {
       r.value);
 }
 
+RopeChoice LlamaConfig::rope_of_layer(std::int64_t i) const {
+  if (family == llama_family::gemma3 && local_layer(i)) {
+    RopeChoice r;
+    r.value = DefaultRopeConfig{rope_local_base_freq, 1.0};
+    return r;
+  }
+  return rope;
+}
+
 std::int64_t LlamaConfig::parameter_count(std::int64_t vocab) const {
   const std::int64_t E = hidden_dim, M = intermediate_dim, D = head_size(), H = num_heads, K = num_kv_heads;
   const std::int64_t norm = (use_layer_norm_weight ? E : 0) + (use_bias ? E : 0);
@@ -53,19 +70,22 @@ std::int64_t LlamaConfig::parameter_count(std::int64_t vocab) const {
   if (qkv_bias()) attn += D * H + 2 * D * K;
   if (o_bias()) attn += E;
   if (qk_norm()) attn += 2 * ((use_layer_norm_weight ? D : 0) + (use_bias ? D : 0));
+  // OLMo 2: over all query and all key features (upstream counts 2 x hidden_dim, which is this for MHA)
+  if (projection_qk_norm()) attn += (H + K) * ((use_layer_norm_weight ? D : 0) + (use_bias ? D : 0));
   std::int64_t mlp = 3 * E * M + (use_bias ? 2 * M + E : 0);
-  std::int64_t layer = attn + mlp + 2 * norm + (hybrid_norm ? 2 * norm : 0);
+  std::int64_t layer = attn + mlp + 2 * norm + (hybrid_norm || sandwich_norms() ? 2 * norm : 0);
   std::int64_t total = num_layers * layer + norm + (input_embedding_norm ? norm : 0) + vocab * E;
   if (!tied()) total += vocab * E;
   return total;
 }
 
 double LlamaConfig::flops_per_token(std::int64_t vocab) const {
-  const bool mistral = family == llama_family::mistral;
+  // Upstream counts Mistral with glu=False and num_kv_heads = num_heads, and Gemma with glu=False.
+  const bool mistral = family == llama_family::mistral, no_glu = mistral || gemma();
   const double E = hidden_dim, M = intermediate_dim, L = num_layers, S = seq_len, H = num_heads;
   const double K = mistral ? H : num_kv_heads;
   const double D = E / H;  // upstream uses hidden_dim / num_heads here even when head_dim is set
-  const double mlp = 2.0 * (mistral ? 2 : 3) * E * M;
+  const double mlp = 2.0 * (no_glu ? 2 : 3) * E * M;
   const double qkv = 2.0 * E * (H * D + 2 * K * D);
   const double dense = 2.0 * E * E;
   const double attn = (2.0 * S * S * H * D + 3.0 * S * S * H + 2.0 * S * S * D * H) / S;

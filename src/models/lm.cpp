@@ -29,10 +29,11 @@ scalar next_token_loss(const lm_hidden& h, const H& lm_head, const lm_example& e
   namespace nn = haliax::nn;
   auto targets = hax::roll(ex.tokens, -1, Pos);
   const hax::where_mask keep{ex.loss_mask};
-  if (o.cross_entropy_block_size)
+  if (o.cross_entropy_block_size && !o.logit_soft_cap)
     return nn::blockwise_cross_entropy_loss(h, lm_head, Embed, Vocab, targets, keep, *o.cross_entropy_block_size,
                                             nn::reduce_mean, o.z_loss_weight);
   auto logits = hax::dot(h, lm_head, Embed);
+  if (o.logit_soft_cap) logits = hax::tanh(logits / *o.logit_soft_cap) * *o.logit_soft_cap;
   return nn::cross_entropy_loss(logits, Vocab, targets, keep, nn::reduce_mean, o.z_loss_weight);
 }
 
@@ -41,11 +42,24 @@ template scalar next_token_loss(const lm_hidden&, const hax::named_array<float, 
 template scalar next_token_loss(const lm_hidden&, const hax::named_array<float, hax::axes<Embed, Vocab>>&,
                                 const lm_example&, const loss_options&);
 
-lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Vocab, Embed>>& lm_head) {
-  return hax::rearrange<hax::axes<Batch, Pos, Vocab>>(hax::dot(h, lm_head, Embed));
+namespace {
+
+template <class H>
+lm_logits_array logits_of(const lm_hidden& h, const H& lm_head, std::optional<double> soft_cap) {
+  auto z = hax::rearrange<hax::axes<Batch, Pos, Vocab>>(hax::dot(h, lm_head, Embed));
+  if (soft_cap) z = hax::tanh(z / *soft_cap) * *soft_cap;
+  return z;
 }
-lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Embed, Vocab>>& lm_head) {
-  return hax::rearrange<hax::axes<Batch, Pos, Vocab>>(hax::dot(h, lm_head, Embed));
+
+}  // namespace
+
+lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Vocab, Embed>>& lm_head,
+                               std::optional<double> soft_cap) {
+  return logits_of(h, lm_head, soft_cap);
+}
+lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Embed, Vocab>>& lm_head,
+                               std::optional<double> soft_cap) {
+  return logits_of(h, lm_head, soft_cap);
 }
 
 }  // namespace levanter

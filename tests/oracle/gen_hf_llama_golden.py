@@ -111,7 +111,7 @@ def is_norm_weight(name):
     return name.endswith("norm.weight")  # input_layernorm, post_attention_layernorm, norm, q_norm, k_norm
 
 
-def make_model(model_cls, config_cls, extra):
+def make_model(model_cls, config_cls, extra, norm_base=1.0):
     import torch
     import transformers
 
@@ -123,7 +123,7 @@ def make_model(model_cls, config_cls, extra):
     with torch.no_grad():
         for name, p in model.named_parameters():  # a tied lm_head.weight is listed once (as embed_tokens)
             noise = 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            p.copy_(1.0 + noise if is_norm_weight(name) else noise)
+            p.copy_(norm_base + noise if is_norm_weight(name) else noise)
     if config.tie_word_embeddings:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
@@ -156,14 +156,24 @@ def describe(path):
         return [(k, list(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in sorted(f.keys())]
 
 
-def write_case(name, model_cls, config_cls, extra, description, tokens, vers):
+def rope_of(model):
+    """inv_freq, attention_scaling and rope_parameters of the model's (global layers') rotary embedding; Gemma 3
+    keeps one table per layer type."""
+    rot, params = model.model.rotary_emb, model.config.rope_parameters
+    if hasattr(rot, "inv_freq"):
+        return rot.inv_freq, rot.attention_scaling, params
+    return rot.full_attention_inv_freq, rot.full_attention_attention_scaling, params["full_attention"]
+
+
+def write_case(name, model_cls, config_cls, extra, description, tokens, vers, norm_base=1.0,
+               generator="tests/oracle/gen_hf_llama_golden.py"):
     import h5py
     import numpy as np
     import torch
     import torch.nn.functional as F
     from safetensors import safe_open
 
-    model = make_model(model_cls, config_cls, extra)
+    model = make_model(model_cls, config_cls, extra, norm_base)
     d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
     model.save_pretrained(d, safe_serialization=True)
@@ -197,9 +207,9 @@ def write_case(name, model_cls, config_cls, extra, description, tokens, vers):
         attn_windows = [cfg.sliding_window] * cfg.num_hidden_layers
     assert windows == [w or 0 for w in attn_windows], (windows, attn_windows)
 
-    rot = model.model.rotary_emb
-    inv_freq = rot.inv_freq.detach().float().numpy()
-    attn_scaling = float(rot.attention_scaling)
+    inv_freq, attn_scaling, rope_params = rope_of(model)
+    inv_freq = inv_freq.detach().float().numpy()
+    attn_scaling = float(attn_scaling)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     assert inv_freq.shape == (head_dim // 2,)
 
@@ -207,7 +217,7 @@ def write_case(name, model_cls, config_cls, extra, description, tokens, vers):
     with open(os.path.join(d, "config.json")) as f:
         config_json = f.read()
     with h5py.File(h5_path, "w", libver=("v110", "latest")) as f:
-        f.attrs["generator"] = "tests/oracle/gen_hf_llama_golden.py"
+        f.attrs["generator"] = generator
         for k, v in vers.items():
             f.attrs[k + "_version"] = v
         f.attrs["case"] = name
@@ -218,7 +228,7 @@ def write_case(name, model_cls, config_cls, extra, description, tokens, vers):
         f.attrs["head_dim"] = int(head_dim)
         f.attrs["tie_word_embeddings"] = int(bool(cfg.tie_word_embeddings))
         f.attrs["rope_parameters"] = json.dumps(cfg.rope_parameters, sort_keys=True)
-        f.attrs["rope_type"] = cfg.rope_parameters["rope_type"]
+        f.attrs["rope_type"] = rope_params["rope_type"]
         f.attrs["layer_types"] = json.dumps(
             list(getattr(cfg, "layer_types", None) or
                  ["sliding_attention" if w else "full_attention" for w in windows]))
@@ -295,6 +305,27 @@ def write_rope_tables(vers):
             summary[name] = (inv, float(rot.attention_scaling),
                              None if "yarn_interpolation_weight" not in g else g["yarn_interpolation_weight"][()])
     return path, summary
+
+
+def write_cases(script, cases, norm_base):
+    """The main of the scripts that add Llama-family variants to hf_llama/ (gen_hf_gemma_golden.py,
+    gen_hf_olmo2_golden.py): each case written with write_case, the tensors listed."""
+    ensure_venv(script)
+    import torch
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    os.makedirs(OUT, exist_ok=True)
+    vers = versions()
+    tokens = tokens_array()
+    print("versions:", json.dumps(vers))
+    generator = "tests/oracle/" + os.path.basename(script)
+    for name, model_cls, config_cls, extra, description in cases:
+        r = write_case(name, model_cls, config_cls, extra, description, tokens, vers, norm_base=norm_base,
+                       generator=generator)
+        print(f"== {name}: loss {r['loss']:.6f}, sliding windows per layer {r['windows']}")
+        for tname, shape, dtype in r["tensors"]:
+            print(f"   {tname:50s} {dtype} {shape}")
 
 
 def main():

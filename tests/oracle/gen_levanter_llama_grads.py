@@ -50,9 +50,18 @@ import numpy as np  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
+from levanter.models.gemma import (  # noqa: E402
+    Gemma2Config,
+    Gemma2LMHeadModel,
+    Gemma3Config,
+    Gemma3LMHeadModel,
+    GemmaConfig,
+    GemmaLMHeadModel,
+)
 from levanter.models.llama import LlamaConfig, LlamaLMHeadModel  # noqa: E402
 from levanter.models.lm_model import LmExample, compute_next_token_loss  # noqa: E402
 from levanter.models.mistral import MistralConfig, MistralLMHeadModel  # noqa: E402
+from levanter.models.olmo import Olmo2Config, Olmo2LMHeadModel  # noqa: E402
 from levanter.models.qwen import Qwen3Config, Qwen3LMHeadModel, QwenConfig, QwenLMHeadModel  # noqa: E402
 from levanter.optim import AdamConfig  # noqa: E402
 
@@ -76,6 +85,13 @@ CASES = {
     "mistral_sw": (MistralConfig, MistralLMHeadModel, False),
     "qwen2_sw": (QwenConfig, QwenLMHeadModel, False),
     "qwen3": (Qwen3Config, Qwen3LMHeadModel, True),
+    # Not here: gemma_mqa (upstream's Gemma attention ignores head_dim, taking hidden_dim / num_heads, so it cannot
+    # load a checkpoint whose head_dim differs; gemma_gqa is the Gemma 1 case it can) and olmo2_tied_llama3
+    # (transformers 4.57's Olmo2Config refuses llama3 rope_scaling, so upstream cannot read that config).
+    "gemma_gqa": (GemmaConfig, GemmaLMHeadModel, True),
+    "gemma2_softcap": (Gemma2Config, Gemma2LMHeadModel, False),
+    "gemma3_local": (Gemma3Config, Gemma3LMHeadModel, False),
+    "olmo2_gqa": (Olmo2Config, Olmo2LMHeadModel, True),
 }
 
 NOTES = {
@@ -105,6 +121,16 @@ NOTES = {
         "see levanter_sw_mask_* attributes. QwenConfig.from_hf_config also reads hf_config.no_bias, which "
         "transformers' Qwen2Config does not have (fixed up here: use_bias=False = no MLP/norm biases; q/k/v "
         "biases are always on in upstream's Qwen attention)."),
+    "gemma2_softcap": (
+        "upstream's Gemma 2 keeps query_pre_attn_scalar, final_logit_softcapping and sliding_window in its config "
+        "but does not use them: its attention scales by 1/sqrt(head_dim) (here 1/sqrt(8), transformers "
+        "1/sqrt(12)), its logits are not soft-capped (transformers caps them at 1.0 here), and every layer attends "
+        "in full (transformers windows layer 0 to 4 keys). Only the attention soft cap (0.5) is applied by both."),
+    "gemma3_local": (
+        "upstream's Gemma 3 treats every layer as global (its code says so): no sliding window and the global "
+        "RoPE on every layer, where transformers windows layers 0 and 1 (4 keys) and gives them the local RoPE "
+        "base (100); upstream also scales attention by 1/sqrt(head_dim), which equals 1/sqrt(query_pre_attn_scalar) "
+        "here (8)."),
 }
 
 
@@ -114,6 +140,9 @@ def legacy_hf_config(case_dir):
         cj = json.load(f)
     legacy = dict(cj)
     rp = dict(legacy.pop("rope_parameters"))
+    if "full_attention" in rp:  # Gemma 3: one RoPE per layer type
+        legacy["rope_local_base_freq"] = rp["sliding_attention"]["rope_theta"]
+        rp = dict(rp["full_attention"])
     legacy["rope_theta"] = rp.pop("rope_theta")
     legacy["rope_scaling"] = None if rp.get("rope_type", "default") == "default" else rp
     cfg_cls = transformers.CONFIG_MAPPING[legacy["model_type"]]
@@ -124,6 +153,11 @@ def legacy_hf_config(case_dir):
 
 def levanter_config(config_cls, cj, hf, naive):
     fixups = []
+    if config_cls is Gemma3Config:
+        # upstream declares Gemma3Config.from_hf_config without @classmethod; call it with an explicit class
+        fixups.append("Gemma3Config.from_hf_config lacks @classmethod upstream; called as from_hf_config(cls, hf)")
+        cfg = config_cls.from_hf_config(config_cls, hf)
+        return finish_config(config_cls, cfg, cj, hf, naive, fixups)
     try:
         cfg = config_cls.from_hf_config(hf)
     except AttributeError as e:
@@ -131,15 +165,20 @@ def levanter_config(config_cls, cj, hf, naive):
         fixups.append(f"from_hf_config raised AttributeError({e}); set hf_config.no_bias=True first")
         hf.no_bias = True
         cfg = config_cls.from_hf_config(hf)
+    return finish_config(config_cls, cfg, cj, hf, naive, fixups)
+
+
+def finish_config(config_cls, cfg, cj, hf, naive, fixups):
     rope_from_file = None
     try:
-        rope_from_file = config_cls.from_hf_config(naive).rope
+        rope_from_file = (config_cls.from_hf_config(config_cls, naive) if config_cls is Gemma3Config
+                          else config_cls.from_hf_config(naive)).rope
     except Exception as e:  # noqa: BLE001 -- only informative
         rope_from_file = f"error: {type(e).__name__}: {e}"
     repl = dict(seq_len=16, gradient_checkpointing=False)
     head_dim = cj.get("head_dim") or cj["hidden_size"] // cj["num_attention_heads"]
-    if cfg.actual_head_size != head_dim:
-        fixups.append(f"head_dim {cfg.actual_head_size} -> {head_dim} (from_hf_config dropped head_dim)")
+    if head_size_of(cfg) != head_dim:
+        fixups.append(f"head_dim {head_size_of(cfg)} -> {head_dim} (from_hf_config dropped head_dim)")
         repl["head_dim"] = head_dim
     if config_cls is QwenConfig and cfg.use_sliding_window:
         fixups.append("use_sliding_window True -> False (upstream's Qwen layer cannot run with it, see "
@@ -149,6 +188,12 @@ def levanter_config(config_cls, cj, hf, naive):
     fixups.append("seq_len %d -> 16 (Pos axis = the 16 token positions), gradient_checkpointing -> False"
                   % cj["max_position_embeddings"])
     return cfg, fixups, rope_from_file
+
+
+def head_size_of(cfg):
+    """The head size upstream uses: LlamaConfig's actual_head_size, the Gemma configs' head_dim."""
+    return (getattr(cfg, "actual_head_size", None) or getattr(cfg, "head_dim", None)
+            or cfg.hidden_dim // cfg.num_heads)
 
 
 def upstream_rope(model, head_dim, n_pos=16):
@@ -246,7 +291,7 @@ def run_case(name, config_cls, model_cls, expect_match):
         if name == "qwen2_sw":
             extra["levanter_sliding_window_error"] = qwen_sliding_error(cfg, Vocab, state, tokens, Batch)
 
-    head_dim = cfg.actual_head_size
+    head_dim = head_size_of(cfg)
     rope_inv, rope_scale = upstream_rope(model, head_dim)
 
     # rewrite the file from scratch (torch part copied, levanter part replaced): HDF5 never reclaims the space of
@@ -354,7 +399,9 @@ def write_init():
 
 
 def main():
-    results = [run_case(name, *spec) for name, spec in CASES.items()]
+    # With case names, only those cases are (re)written and levanter_init.h5 is left alone.
+    names = sys.argv[1:] or list(CASES)
+    results = [run_case(name, *CASES[name]) for name in names]
     for r in results:
         print(f"== {r['name']}: levanter loss {r['loss']:.7f} torch {r['torch_loss']:.7f}; grads max abs diff "
               f"{r['max_abs']:.3e}, max rel {r['max_rel']:.3e} ({r['worst']}); logits max abs diff "
@@ -367,6 +414,8 @@ def main():
         print(f"   rope from the unmodified config.json: {r['rope_from_file']}")
         for k, v in r["extra"].items():
             print(f"   {k}: {v}")
+    if sys.argv[1:]:
+        return 0
     path, model = write_init()
     print(f"{path}: {os.path.getsize(path)} B")
     for p, leaf in named_leaves(model):

@@ -209,9 +209,12 @@ named_array<T, Ax> mask_to_bias(const named_array<bool, Ax>& mask, double masked
 // ---------------------------------------------------------------------------------------------------------
 // Plain (materialised) attention
 
-/// Options of `dot_product_attention`: the score scale (default 1 / sqrt(size of Key), as upstream).
+/// Options of `dot_product_attention`: the score scale (default 1 / sqrt(size of Key), as upstream) and the
+/// logit soft cap c (upstream `logits_soft_cap`, Gemma 2's `attn_logit_softcapping`): scaled scores s become
+/// c * tanh(s / c) before the mask.
 struct attention_options {
   std::optional<double> scale = std::nullopt;
+  std::optional<double> logits_soft_cap = std::nullopt;
 };
 
 namespace detail::attn {
@@ -260,6 +263,7 @@ auto dot_product_attention_weights(const named_array<T, AxQ>& q, const named_arr
   using W = detail::attn::axes_of<detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>>;
   const double scale = opts.scale ? *opts.scale : 1.0 / std::sqrt(static_cast<double>(q.size(key)));
   auto scores = dot<W>(q * scale, k, key);
+  if (opts.logits_soft_cap) scores = tanh(scores / *opts.logits_soft_cap) * *opts.logits_soft_cap;
   auto masked = where(mask, scores, detail::attn::masked_score);
   scores = {};  // released before softmax allocates: two score-sized arrays live at once, not three
   return softmax(masked, kpos);
@@ -273,7 +277,9 @@ auto dot_product_attention_weights(const named_array<T, AxQ>& q, const named_arr
                                    attention_options opts = {}) {
   using W = detail::attn::axes_of<detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>>;
   const double scale = opts.scale ? *opts.scale : 1.0 / std::sqrt(static_cast<double>(q.size(key)));
-  return softmax(dot<W>(q * scale, k, key), kpos);
+  auto scores = dot<W>(q * scale, k, key);
+  if (opts.logits_soft_cap) scores = tanh(scores / *opts.logits_soft_cap) * *opts.logits_soft_cap;
+  return softmax(scores, kpos);
 }
 
 /// Scaled dot-product attention (upstream `dot_product_attention(KPos, Key, q, k, v, mask)`): the weights of

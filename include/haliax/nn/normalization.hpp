@@ -56,21 +56,24 @@ template <auto Ax, class Pre = axes<>, class T = float>
 struct RmsNorm;
 
 /// x / sqrt(mean(x^2) + eps) over `Ax`, then * weight (+ bias if present) (upstream `haliax.nn.RmsNorm`:
-/// weight on, bias off by default).
+/// weight on, bias off by default). With `unit_offset` the scale is (1 + weight) and the weight starts at 0
+/// (upstream Levanter's GemmaRMSNorm, Hugging Face's Gemma/Gemma2/Gemma3RMSNorm): the stored weight is what those
+/// checkpoints hold.
 template <auto Ax, auto... P, class T>
 struct RmsNorm<Ax, axes<P...>, T> {
   using param_type = named_array<T, axes<P..., Ax>>;
   /// Upstream class name (`haliax.nn.RmsNorm`): weight-decay masks also match the class path `<class_name>.<field>`.
   static constexpr std::string_view class_name = "RmsNorm";
   BOOST_HANA_DEFINE_STRUCT(RmsNorm, (std::optional<param_type>, weight), (std::optional<param_type>, bias),
-                           (double, eps));
+                           (double, eps), (bool, unit_offset));
 
   static RmsNorm init(sized_axis<std::remove_cvref_t<decltype(Ax)>> axis, double eps = 1e-6, bool use_weight = true,
-                      bool use_bias = false) requires(sizeof...(P) == 0) {
+                      bool use_bias = false, bool unit_offset = false) requires(sizeof...(P) == 0) {
     RmsNorm m;
-    if (use_weight) m.weight = ones<T>(axis);
+    if (use_weight) m.weight = unit_offset ? zeros<T>(axis) : ones<T>(axis);
     if (use_bias) m.bias = zeros<T>(axis);
     m.eps = eps;
+    m.unit_offset = unit_offset;
     return m;
   }
 
@@ -82,7 +85,7 @@ struct RmsNorm<Ax, axes<P...>, T> {
     using X = named_array<T, AxX>;
     auto ms = mean(square(x), Ax);
     X y = multiply(x, rsqrt(add(ms, eps)));
-    if (weight) y = multiply(y, *weight);
+    if (weight) y = multiply(y, unit_offset ? add(*weight, 1.0) : *weight);
     if (bias) y = add(y, *bias);
     return y;
   }

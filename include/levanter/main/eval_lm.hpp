@@ -183,7 +183,7 @@ eval_lm_result run_eval_lm_with(const detail::eval_job& job, std::ostream& out) 
   detail::eval_model m;
   m.name = loaded.name;
   m.step = loaded.step;
-  m.type = std::string(C::type_name);
+  m.type = std::string(model_type_name(mc));
   m.parameters = haliax::tree::parameter_count(model);
   m.vocab = model.vocab_size();
   m.seq_len = mc.seq_len;

@@ -9,6 +9,10 @@
 // attention never copies K/V per query head (haliax flash attention reads the shared heads). o_proj reads the
 // flattened {heads, head_size} with heads = kv_head * q_heads_per_group + group, the order of Hugging Face's.
 //
+// Gemma, Gemma 2, Gemma 3 and OLMo 2 are this model too (upstream's gemma.py and olmo.py reuse Llama's attention,
+// MLP and embedding): their config (llama_config.hpp) turns on (1 + weight) norms, the embedding scale, the four-norm
+// layer, soft-capping and local layers (Gemma), post-norm layers and whole-projection QK norms (OLMo 2).
+//
 // The bodies compile once, in src/models/llama*.cpp.
 #pragma once
 
@@ -42,7 +46,16 @@ inline constexpr struct QHeadsPerGroup final : hax::axis<"q_heads_per_group"> {
 template <class In, class Out, class Pre>
 using Linear = nn::Linear<In, Out, Pre, float, true>;
 
-/// Upstream `layers.attention.Attention`: q/k/v/o projections and the optional per-head QK RMSNorms.
+/// The query and key projections' features flattened ({kv_head, q_heads_per_group, head_size} and {kv_head,
+/// head_size}), the axes OLMo 2's QK norms run over.
+inline constexpr struct QFeatures final : hax::axis<"q_features"> {
+} QFeatures;
+inline constexpr struct KFeatures final : hax::axis<"k_features"> {
+} KFeatures;
+
+/// Upstream `layers.attention.Attention`: q/k/v/o projections and the optional per-head QK RMSNorms; OLMo 2's
+/// norms over the whole projections are q_proj_norm / k_proj_norm (Hugging Face's and upstream's q_norm / k_norm
+/// of that model).
 template <class Pre = axes<>>
 struct Attention {
   static constexpr std::string_view class_name = "Attention";
@@ -50,8 +63,11 @@ struct Attention {
   using kv_proj_t = Linear<axes<Embed>, axes<KVHeads, HeadSize>, Pre>;
   using o_proj_t = Linear<axes<Heads, HeadSize>, axes<Embed>, Pre>;
   using qk_norm_t = nn::RmsNorm<HeadSize, Pre>;
+  using q_proj_norm_t = nn::RmsNorm<QFeatures, Pre>;
+  using k_proj_norm_t = nn::RmsNorm<KFeatures, Pre>;
   BOOST_HANA_DEFINE_STRUCT(Attention, (q_proj_t, q_proj), (kv_proj_t, k_proj), (kv_proj_t, v_proj), (o_proj_t, o_proj),
-                           (std::optional<qk_norm_t>, q_norm), (std::optional<qk_norm_t>, k_norm));
+                           (std::optional<qk_norm_t>, q_norm), (std::optional<qk_norm_t>, k_norm),
+                           (std::optional<q_proj_norm_t>, q_proj_norm), (std::optional<k_proj_norm_t>, k_proj_norm));
 };
 
 /// Upstream LlamaMlp: down_proj(act(gate_proj(x)) * up_proj(x)). (Not named `Mlp`, which would hide the Mlp
@@ -64,14 +80,19 @@ struct LlamaMlp {
   BOOST_HANA_DEFINE_STRUCT(LlamaMlp, (in_t, gate_proj), (in_t, up_proj), (out_t, down_proj));
 };
 
-/// Upstream LlamaDecoderLayer (hybrid_norm adds post_attn_layernorm and post_mlp_layernorm).
+/// Upstream LlamaDecoderLayer (hybrid_norm adds post_attn_layernorm and post_mlp_layernorm), Gemma2DecoderLayer
+/// (Gemma 2 and 3: post_attention_layernorm follows attention, pre_feedforward_layernorm and
+/// post_feedforward_layernorm surround the MLP) and Olmo2DecoderLayer (no input_layernorm: post_attention_layernorm
+/// and post_feedforward_layernorm follow the sublayers); upstream's and Hugging Face's names.
 template <class Pre = axes<>>
 struct DecoderLayer {
   static constexpr std::string_view class_name = "LlamaDecoderLayer";
   using norm_t = nn::RmsNorm<Embed, Pre>;
-  BOOST_HANA_DEFINE_STRUCT(DecoderLayer, (Attention<Pre>, self_attn), (LlamaMlp<Pre>, mlp), (norm_t, input_layernorm),
+  BOOST_HANA_DEFINE_STRUCT(DecoderLayer, (Attention<Pre>, self_attn), (LlamaMlp<Pre>, mlp),
+                           (std::optional<norm_t>, input_layernorm),
                            (norm_t, post_attention_layernorm), (std::optional<norm_t>, post_attn_layernorm),
-                           (std::optional<norm_t>, post_mlp_layernorm));
+                           (std::optional<norm_t>, post_mlp_layernorm), (std::optional<norm_t>, pre_feedforward_layernorm),
+                           (std::optional<norm_t>, post_feedforward_layernorm));
 };
 
 /// Upstream LlamaTransformer: the stacked layers and the final norm.
@@ -137,6 +158,22 @@ struct model_of<QwenConfig> {
 };
 template <>
 struct model_of<Qwen3Config> {
+  using type = llama::LMHeadModel;
+};
+template <>
+struct model_of<GemmaConfig> {
+  using type = llama::LMHeadModel;
+};
+template <>
+struct model_of<Gemma2Config> {
+  using type = llama::LMHeadModel;
+};
+template <>
+struct model_of<Gemma3Config> {
+  using type = llama::LMHeadModel;
+};
+template <>
+struct model_of<Olmo2Config> {
   using type = llama::LMHeadModel;
 };
 

@@ -1,15 +1,27 @@
 // levanter/models/llama_config.hpp: the Llama family's `model:` sections, upstream's LlamaConfig (`type: llama`),
-// MistralConfig (`type: mistral`), QwenConfig (`type: qwen`, Qwen2) and Qwen3Config (`type: qwen3`), with their
-// keys and defaults, and the `rope:` choice (upstream `RotaryEmbeddingsConfig`: default, linear, llama3, yarn).
+// MistralConfig (`type: mistral`), QwenConfig (`type: qwen`, Qwen2), Qwen3Config (`type: qwen3`), the Gemma configs
+// (`type: gemma`, `gemma2`, `gemma3`) and Olmo2Config (`type: olmo2`), with their keys and defaults, and the `rope:`
+// choice (upstream `RotaryEmbeddingsConfig`: default, linear, llama3, yarn).
 //
-// The four are one architecture (llama::LMHeadModel): RMSNorm pre-norm blocks, SwiGLU MLP, RoPE, grouped-query
+// They are one architecture (llama::LMHeadModel): RMSNorm pre-norm blocks, SwiGLU MLP, RoPE, grouped-query
 // attention. What differs is recorded in `family` and read by the model and its Hugging Face adapter:
 //   mistral  sliding-window attention on every layer (sliding_window, default 4096); the LM head is never tied
 //   qwen     bias on the q/k/v projections, none on o_proj; with use_sliding_window, a window on the layers from
 //            max_window_layers on
 //   qwen3    RMSNorm of each query and key head (QK norm); the same sliding-window keys as qwen
+//   gemma    (GemmaConfig, `type: gemma`) RMSNorms scale by (1 + weight), embeddings multiplied by sqrt(hidden_dim),
+//            tied head, gelu_new GeGLU, MQA and head_dim 256 by default
+//   gemma2   gemma plus four norms per layer (a norm after attention and after the MLP, another before the MLP),
+//            attention and final logit soft-capping, query_pre_attn_scalar, a sliding window on even layers
+//   gemma3   gemma2's layer, QK norm, no soft-capping; with sliding_window_pattern p, every layer but each p-th is
+//            local (windowed, RoPE base rope_local_base_freq), as transformers' Gemma3 (upstream treats every
+//            layer as global)
+//   olmo2    (Olmo2Config, `type: olmo2`) post-norm sublayers: x + post_attention_layernorm(attn(x)), then
+//            x + post_feedforward_layernorm(mlp(x)), no input norm; RMSNorms of the whole query and key projections
+//            (over heads x head_dim, before RoPE)
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -70,7 +82,7 @@ haliax::nn::rope_spec rope_spec_of(const RopeChoice& r);
 // ---- model: -----------------------------------------------------------------------------------------------
 
 /// Which member of the family a config describes (see the header comment).
-enum class llama_family { llama, mistral, qwen2, qwen3 };
+enum class llama_family { llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3, olmo2 };
 
 /// `model: {type: llama, ...}`, upstream LlamaConfig; the base of the other three.
 struct LlamaConfig {
@@ -107,6 +119,36 @@ struct LlamaConfig {
   bool use_sliding_window = false;
   std::optional<int> sliding_window;
   int max_window_layers = 0;
+  // the Gemma family
+  std::optional<double> query_pre_attn_scalar;    ///< attention scale 1 / sqrt(this) (default 1 / sqrt(head size))
+  std::optional<double> attn_logit_softcapping;   ///< attention scores c * tanh(s / c)
+  std::optional<double> final_logit_softcapping;  ///< logits c * tanh(z / c)
+  std::optional<int> sliding_window_pattern;      ///< gemma3: every p-th layer global, the others local
+  double rope_local_base_freq = 10000.0;          ///< gemma3: the RoPE base of local layers
+
+  /// Whether this is Gemma, Gemma 2 or Gemma 3.
+  bool gemma() const {
+    return family == llama_family::gemma || family == llama_family::gemma2 || family == llama_family::gemma3;
+  }
+  /// Gemma 2 and 3: four norms per layer (input, post-attention, pre-feedforward, post-feedforward).
+  bool sandwich_norms() const { return family == llama_family::gemma2 || family == llama_family::gemma3; }
+  /// OLMo 2: norms after the sublayers only (post_attention_layernorm, post_feedforward_layernorm).
+  bool post_norms_only() const { return family == llama_family::olmo2; }
+  /// OLMo 2: RMSNorms over the whole query and key projections (all heads at once).
+  bool projection_qk_norm() const { return family == llama_family::olmo2; }
+  /// The embeddings are multiplied by this (Gemma: sqrt(hidden_dim), in float as transformers does).
+  double embedding_scale() const { return gemma() ? double(static_cast<float>(std::sqrt(double(hidden_dim)))) : 1.0; }
+  /// The attention scale: 1 / sqrt(query_pre_attn_scalar) when set, else 1 / sqrt(head size).
+  double attention_scale() const {
+    return 1.0 / std::sqrt(query_pre_attn_scalar ? *query_pre_attn_scalar : double(head_size()));
+  }
+  /// Whether layer `i` is a local (sliding-window) layer of Gemma 2 (even layers) or Gemma 3 (all but every
+  /// sliding_window_pattern-th); Gemma 3's local layers use rope_local_base_freq whatever the window.
+  bool local_layer(std::int64_t i) const {
+    if (family == llama_family::gemma2) return i % 2 == 0;
+    if (family == llama_family::gemma3) return sliding_window_pattern && (i + 1) % *sliding_window_pattern != 0;
+    return false;
+  }
 
   /// The head size: head_dim when set, else hidden_dim / num_heads.
   int head_size() const { return head_dim ? *head_dim : (num_heads > 0 ? hidden_dim / num_heads : 0); }
@@ -117,6 +159,8 @@ struct LlamaConfig {
   bool o_bias() const { return family != llama_family::qwen2 && use_bias; }
   /// Whether queries and keys are RMS-normalised per head.
   bool qk_norm() const { return family == llama_family::qwen3 || use_qk_norm; }
+  /// Whether the RMSNorms scale by (1 + weight) (Gemma).
+  bool unit_offset_norms() const { return gemma(); }
   /// Whether the LM head is the token embedding table.
   bool tied() const { return family != llama_family::mistral && tie_word_embeddings; }
   /// The sliding window of layer `i` (0 for full causal attention).
@@ -126,8 +170,11 @@ struct LlamaConfig {
     if ((family == llama_family::qwen2 || family == llama_family::qwen3) && use_sliding_window &&
         i >= max_window_layers)
       return *sliding_window;
+    if (local_layer(i)) return *sliding_window;
     return 0;
   }
+  /// The RoPE of layer `i`: `rope`, except Gemma 3's local layers (default RoPE, base rope_local_base_freq).
+  RopeChoice rope_of_layer(std::int64_t i) const;
 
   /// Parameters with a vocabulary of `vocab` tokens, as upstream `total_trainable_params` (plus the biases and
   /// QK norms the variants have).
@@ -173,8 +220,69 @@ struct Qwen3Config : LlamaConfig {
   }
 };
 
+/// `model: {type: gemma}` (upstream GemmaConfig's defaults: Gemma 2B).
+struct GemmaConfig : LlamaConfig {
+  static constexpr std::string_view type_name = "gemma";
+  static constexpr std::string_view hf_model_type = "gemma";
+  GemmaConfig() {
+    family = llama_family::gemma;
+    activation_function = "gelu_new";
+    tie_word_embeddings = true;
+    seq_len = 8192;
+    hidden_dim = 2048;
+    intermediate_dim = 16384;
+    num_layers = 18;
+    num_heads = 8;
+    head_dim = 256;
+    num_kv_heads = 1;
+    reference_checkpoint = "google/gemma-2b";
+  }
+};
+
+/// `model: {type: gemma2}` (upstream Gemma2Config).
+struct Gemma2Config : GemmaConfig {
+  static constexpr std::string_view type_name = "gemma2";
+  static constexpr std::string_view hf_model_type = "gemma2";
+  Gemma2Config() {
+    family = llama_family::gemma2;
+    query_pre_attn_scalar = 256.0;
+    final_logit_softcapping = 30.0;
+    attn_logit_softcapping = 50.0;
+    reference_checkpoint = "google/gemma-2-2b";
+  }
+};
+
+/// `model: {type: gemma3}` (upstream Gemma3Config; transformers' Gemma3TextConfig on disk).
+struct Gemma3Config : Gemma2Config {
+  static constexpr std::string_view type_name = "gemma3";
+  static constexpr std::string_view hf_model_type = "gemma3_text";
+  Gemma3Config() {
+    family = llama_family::gemma3;
+    use_qk_norm = true;
+    final_logit_softcapping.reset();
+    attn_logit_softcapping.reset();
+    reference_checkpoint = "google/gemma-3-1b-pt";
+  }
+};
+
+/// `model: {type: olmo2}` (upstream Olmo2Config's defaults: OLMo 2 7B).
+struct Olmo2Config : LlamaConfig {
+  static constexpr std::string_view type_name = "olmo2";
+  static constexpr std::string_view hf_model_type = "olmo2";
+  bool attention_bias = false;  ///< upstream's key; biases in the attention projections are not supported
+  Olmo2Config() {
+    family = llama_family::olmo2;
+    seq_len = 4096;
+    layer_norm_epsilon = 1e-6;
+    reference_checkpoint = "allenai/OLMo-2-1124-7B";
+  }
+};
+
 /// Adds every problem of a Llama-family `model:` section to `v` (keys under `model.`).
 void validate(config::validator& v, const LlamaConfig& m);
+
+/// The same for `type: olmo2`, which adds attention_bias.
+void validate(config::validator& v, const Olmo2Config& m);
 
 /// The `type:` name of a family member.
 std::string_view family_type_name(llama_family f);
@@ -273,8 +381,48 @@ struct levanter::config::schema<levanter::Qwen3Config> {
       field("max_window_layers", &T::max_window_layers, "layers before this one attend in full"));
 };
 
+#define LEVANTER_GEMMA_FIELDS_(T)                                                                                 \
+  LEVANTER_LLAMA_COMMON_FIELDS_(T),                                                                                \
+      field("query_pre_attn_scalar", &T::query_pre_attn_scalar, "attention scale 1/sqrt(this) (default head size)")
+#define LEVANTER_GEMMA2_FIELDS_(T)                                                                                 \
+  LEVANTER_GEMMA_FIELDS_(T), field("final_logit_softcapping", &T::final_logit_softcapping, "logits c*tanh(z/c)"),  \
+      field("attn_logit_softcapping", &T::attn_logit_softcapping, "attention scores c*tanh(s/c)"),                 \
+      field("use_qk_norm", &T::use_qk_norm, "RMSNorm of each query and key head"),                                 \
+      field("sliding_window", &T::sliding_window, "attention window of the local layers (none: every layer global)")
+
+template <>
+struct levanter::config::schema<levanter::GemmaConfig> {
+  using T = levanter::GemmaConfig;
+  static constexpr auto fields = std::make_tuple(LEVANTER_GEMMA_FIELDS_(T));
+};
+template <>
+struct levanter::config::schema<levanter::Gemma2Config> {
+  using T = levanter::Gemma2Config;
+  static constexpr auto fields = std::make_tuple(LEVANTER_GEMMA2_FIELDS_(T));
+};
+template <>
+struct levanter::config::schema<levanter::Gemma3Config> {
+  using T = levanter::Gemma3Config;
+  static constexpr auto fields = std::make_tuple(
+      LEVANTER_GEMMA2_FIELDS_(T),
+      field("sliding_window_pattern", &T::sliding_window_pattern, "every p-th layer global, the others local"),
+      field("rope_local_base_freq", &T::rope_local_base_freq, "RoPE base of the local layers"));
+};
+
+template <>
+struct levanter::config::schema<levanter::Olmo2Config> {
+  using T = levanter::Olmo2Config;
+  static constexpr auto fields = std::make_tuple(
+      LEVANTER_LLAMA_COMMON_FIELDS_(T),
+      field("attention_bias", &T::attention_bias, "biases in the attention projections (false only here)"));
+};
+
 // The YAML machinery of these sections is compiled once, in src/models/llama_config.cpp.
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::LlamaConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::MistralConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::QwenConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::Qwen3Config)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::GemmaConfig)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::Gemma2Config)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::Gemma3Config)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::Olmo2Config)

@@ -83,6 +83,7 @@ struct forward_options {
 struct loss_options {
   double z_loss_weight = 0.0;                    ///< weight of logsumexp^2 (upstream `logsumexp_weight`)
   std::optional<int> cross_entropy_block_size;  ///< fused, blocked LM head + cross-entropy over the vocabulary
+  std::optional<double> logit_soft_cap;          ///< logits c * tanh(z / c) (Gemma 2); the loss is then unblocked
 };
 
 /// The LM head's weight: {vocab, embed} (a tied embedding table, GPT-2) or {embed, vocab} (a Linear, Llama).
@@ -100,9 +101,12 @@ extern template scalar next_token_loss(const lm_hidden&, const hax::named_array<
 extern template scalar next_token_loss(const lm_hidden&, const hax::named_array<float, hax::axes<Embed, Vocab>>&,
                                        const lm_example&, const loss_options&);
 
-/// Logits {batch, position, vocab} of hidden states against the LM head.
-lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Vocab, Embed>>& lm_head);
-lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Embed, Vocab>>& lm_head);
+/// Logits {batch, position, vocab} of hidden states against the LM head, soft-capped to c * tanh(z / c) when
+/// `soft_cap` is given.
+lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Vocab, Embed>>& lm_head,
+                               std::optional<double> soft_cap = std::nullopt);
+lm_logits_array lm_head_logits(const lm_hidden& h, const hax::named_array<float, hax::axes<Embed, Vocab>>& lm_head,
+                               std::optional<double> soft_cap = std::nullopt);
 
 // ---- the model interface --------------------------------------------------------------------------------------
 
@@ -144,6 +148,15 @@ std::optional<int> cross_entropy_block_size_of(const C& c) {
     return std::nullopt;
 }
 
+/// `model.final_logit_softcapping` when the config has that key (Gemma 2), else none.
+template <class C>
+std::optional<double> final_logit_soft_cap_of(const C& c) {
+  if constexpr (requires { c.final_logit_softcapping; })
+    return c.final_logit_softcapping;
+  else
+    return std::nullopt;
+}
+
 /// What backward keeps (upstream `gradient_checkpointing: true` recomputes each layer) for configs that say.
 template <class C>
 hax::nn::checkpoint_policy checkpoint_policy_of(const C& c) {
@@ -178,14 +191,14 @@ template <LmModel M>
 scalar compute_next_token_loss(const M& m, const typename M::config_type& c, const lm_example& ex,
                                double z_loss_weight = 0.0, const forward_options& o = {}) {
   return next_token_loss(m.activations(c, ex.tokens, ex.segment_ids, o), m.get_lm_head(), ex,
-                         loss_options{z_loss_weight, cross_entropy_block_size_of(c)});
+                         loss_options{z_loss_weight, cross_entropy_block_size_of(c), final_logit_soft_cap_of(c)});
 }
 
 /// Logits {batch, position, vocab} (upstream `LmHeadModel.__call__`).
 template <LmModel M>
 lm_logits_array lm_logits(const M& m, const typename M::config_type& c, const token_batch& tokens,
                           const token_batch& segment_ids, const forward_options& o = {}) {
-  return lm_head_logits(m.activations(c, tokens, segment_ids, o), m.get_lm_head());
+  return lm_head_logits(m.activations(c, tokens, segment_ids, o), m.get_lm_head(), final_logit_soft_cap_of(c));
 }
 
 }  // namespace levanter

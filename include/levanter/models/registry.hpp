@@ -28,8 +28,8 @@ struct model_choice_of {
 }  // namespace detail
 
 /// `model:`: every `type:` config of models/builtin.hpp's list, in its order; other upstream model types are refused
-/// by name (see unsupported_choices below). The Llama family's four types share one model (llama::LMHeadModel),
-/// whose config_type is LlamaConfig.
+/// by name (see unsupported_choices below). The Llama family's types (llama, mistral, qwen, qwen3, gemma, gemma2,
+/// gemma3, olmo2) share one model (llama::LMHeadModel), whose config_type is LlamaConfig.
 #define LEVANTER_MODEL_CONFIG_TYPES(M, C, stem, ...) , __VA_ARGS__
 using ModelChoice = detail::model_choice_of<void LEVANTER_BUILTIN_MODELS(LEVANTER_MODEL_CONFIG_TYPES)>::type;
 #undef LEVANTER_MODEL_CONFIG_TYPES
@@ -59,6 +59,10 @@ ModelChoice as_model_choice(const C& c) {
       case llama_family::mistral: put(std::type_identity<MistralConfig>{}); break;
       case llama_family::qwen2: put(std::type_identity<QwenConfig>{}); break;
       case llama_family::qwen3: put(std::type_identity<Qwen3Config>{}); break;
+      case llama_family::gemma: put(std::type_identity<GemmaConfig>{}); break;
+      case llama_family::gemma2: put(std::type_identity<Gemma2Config>{}); break;
+      case llama_family::gemma3: put(std::type_identity<Gemma3Config>{}); break;
+      case llama_family::olmo2: put(std::type_identity<Olmo2Config>{}); break;
     }
   } else {
     r.value = c;
@@ -101,8 +105,7 @@ decltype(auto) with_model(const ModelChoice& choice, F&& f) {
 template <>
 struct levanter::config::unsupported_choices<levanter::ModelChoice> {
   static constexpr auto names = std::to_array<unsupported_choice>({
-      {"mixtral", "use type: mistral (dense) or llama"}, {"olmo2", "use type: llama"},
-      {"gemma", "use type: llama"},     {"gemma2", "use type: llama"},  {"gemma3", "use type: llama"},
+      {"mixtral", "use type: mistral (dense) or llama"},
       {"whisper", "use type: gpt2 or llama"}, {"gpt2_hyena", "use type: gpt2"}, {"backpack", "use type: gpt2"},
       {"mpt", "use type: gpt2 or llama"},
   });
