@@ -20,6 +20,7 @@
 #include <haliax/haliax.hpp>
 #include <levanter/checkpoint/h5.hpp>
 #include <levanter/config/validate.hpp>
+#include <levanter/layers/attention.hpp>
 #include <levanter/models/llama_hf.hpp>
 #include <levanter/models/registry.hpp>
 
@@ -549,4 +550,49 @@ TEST_CASE("olmo2: post-norm layers and whole-projection QK norms, defaults, coun
   CHECK(all.find("model.hybrid_norm") != std::string::npos);
   CHECK(all.find("model.use_qk_norm") != std::string::npos);
   CHECK(all.find("model.attention_bias") != std::string::npos);
+}
+
+TEST_CASE("layers::attention: the backends compute the same function, names decode, dropout is keyed") {
+  namespace layers = levanter::layers;
+  using levanter::Batch, levanter::Pos, levanter::KeyPos, levanter::HeadSize;
+  using levanter::llama::KVHeads, levanter::llama::QHeadsPerGroup;
+  CHECK(layers::attention_backend_of(std::nullopt) == layers::attention_backend::blocked);
+  CHECK(layers::attention_backend_of("default") == layers::attention_backend::blocked);
+  CHECK(layers::attention_backend_of("jax_flash") == layers::attention_backend::blocked);
+  CHECK(layers::attention_backend_of("vanilla") == layers::attention_backend::vanilla);
+  CHECK_THROWS_WITH_AS(layers::attention_backend_of("splash"), doctest::Contains("'splash'"), std::invalid_argument);
+
+  const std::int64_t B = 2, P = 9, KV = 2, G = 2, D = 8;
+  namespace r = hax::random;
+  auto q = r::normal(r::make_key(1), B * Batch, P * Pos, KV * KVHeads, G * QHeadsPerGroup, D * HeadSize);
+  auto k = r::normal(r::make_key(2), B * Batch, P * KeyPos, KV * KVHeads, D * HeadSize);
+  auto v = r::normal(r::make_key(3), B * Batch, P * KeyPos, KV * KVHeads, D * HeadSize);
+  // two documents in row 0 (a new segment from position 4), one in row 1
+  std::vector<std::int32_t> seg(static_cast<std::size_t>(B * P), 0);
+  for (std::int64_t p = 4; p < P; ++p) seg[static_cast<std::size_t>(p)] = 1;
+  const auto segments = hax::from_host<std::int32_t>(seg, B * Batch, P * Pos);
+  hax::no_grad_guard ng;
+  for (std::int64_t window : {0, 3}) {
+    CAPTURE(window);
+    layers::attention_spec blocked{.scale = 0.3, .sliding_window = window, .block_size = 4};
+    auto vanilla = blocked;
+    vanilla.backend = layers::attention_backend::vanilla;
+    const auto a = layers::attention(q, k, v, segments, blocked).to_host();
+    const auto b = layers::attention(q, k, v, segments, vanilla).to_host();
+    CHECK(max_abs_diff(a, b) <= 1e-5);
+    // soft-capping asked of the blocked backend is computed (in the plain form), and changes the result
+    auto capped = blocked;
+    capped.logits_soft_cap = 0.5;
+    auto capped_vanilla = vanilla;
+    capped_vanilla.logits_soft_cap = 0.5;
+    const auto c = layers::attention(q, k, v, segments, capped).to_host();
+    CHECK(c == layers::attention(q, k, v, segments, capped_vanilla).to_host());
+    CHECK(max_abs_diff(a, c) > 1e-3);
+  }
+  // dropout: the same key gives the same result, another key another one
+  layers::attention_spec drop{.dropout = 0.5, .dropout_key = r::make_key(7)};
+  const auto d1 = layers::attention(q, k, v, segments, drop).to_host();
+  CHECK(d1 == layers::attention(q, k, v, segments, drop).to_host());
+  drop.dropout_key = r::make_key(8);
+  CHECK(max_abs_diff(d1, layers::attention(q, k, v, segments, drop).to_host()) > 1e-3);
 }

@@ -1,7 +1,8 @@
-// The Llama family's attention (one layer): compiled on its own, beside the rest of the model (llama.cpp), so the
+// The Llama family's attention (one layer): projections, QK norms and RoPE, then the shared attention
+// (levanter/layers/attention.hpp). Compiled on its own, beside the rest of the model (llama.cpp), so the
 // two heaviest instantiations build in parallel.
-#include <cmath>
 #include <haliax/haliax.hpp>
+#include <levanter/layers/attention.hpp>
 #include <levanter/models/llama.hpp>
 
 namespace levanter::llama {
@@ -14,8 +15,9 @@ hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, 
   if (a.q_norm) q = (*a.q_norm)(q);
   if (a.k_norm) k = (*a.k_norm)(k);
   if (a.q_proj_norm) {  // OLMo 2: one RMSNorm over every query feature, one over every key feature
-    q = hax::unflatten_axis((*a.q_proj_norm)(hax::flatten_axes(q, axes<KVHeads, QHeadsPerGroup, HeadSize>{}, QFeatures)),
-                            QFeatures, q.sized(KVHeads), q.sized(QHeadsPerGroup), q.sized(HeadSize));
+    q = hax::unflatten_axis(
+        (*a.q_proj_norm)(hax::flatten_axes(q, axes<KVHeads, QHeadsPerGroup, HeadSize>{}, QFeatures)), QFeatures,
+        q.sized(KVHeads), q.sized(QHeadsPerGroup), q.sized(HeadSize));
     k = hax::unflatten_axis((*a.k_proj_norm)(hax::flatten_axes(k, axes<KVHeads, HeadSize>{}, KFeatures)), KFeatures,
                             k.sized(KVHeads), k.sized(HeadSize));
   }
@@ -23,26 +25,14 @@ hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, 
   q = nn::apply_rotary(q, rope, Pos, HeadSize);
   auto kr = hax::rename(nn::apply_rotary(k, rope, Pos, HeadSize), Pos, KeyPos);
   auto vr = hax::rename(v, Pos, KeyPos);
-  const std::int64_t window = cfg.window_of_layer(layer);
-  // The blocked kernels do not soft-cap scores: capped attention (Gemma 2) takes the plain form.
-  const bool vanilla = (cfg.attn_backend && *cfg.attn_backend == "vanilla") || cfg.attn_logit_softcapping;
-  named_array<float, axes<Batch, Pos, KVHeads, QHeadsPerGroup, HeadSize>> out;
-  if (!vanilla) {
-    nn::flash_attention_options fo;
-    fo.scale = cfg.attention_scale();
-    fo.sliding_window = window;
-    if (cfg.flash_attention_block_size) fo.block_q = fo.block_k = *cfg.flash_attention_block_size;
-    out = nn::flash_attention(q, kr, vr, Pos, KeyPos, HeadSize, segments, hax::rename(segments, Pos, KeyPos), fo);
-  } else {
-    // The plain form (upstream "vanilla"): softmax(q·k / sqrt(d) masked) · v, keys shared by each group.
-    const auto n = x.size(Pos);
-    auto mask =
-        (window > 0 ? nn::sliding_window_mask(n * Pos, n * KeyPos, window) : nn::causal_mask(n * Pos, n * KeyPos)) &&
-        nn::segment_mask(segments, Pos, KeyPos);
-    out = hax::rearrange<axes<Batch, Pos, KVHeads, QHeadsPerGroup, HeadSize>>(nn::dot_product_attention(
-        q, kr, vr, KeyPos, HeadSize, mask, {.scale = cfg.attention_scale(), .logits_soft_cap = cfg.attn_logit_softcapping}));
-  }
-  return a.o_proj(hax::flatten_axes(out, axes<KVHeads, QHeadsPerGroup>{}, Heads));
+  layers::attention_spec spec;
+  spec.backend = layers::attention_backend_of(cfg.attn_backend);
+  spec.scale = cfg.attention_scale();
+  spec.logits_soft_cap = cfg.attn_logit_softcapping;
+  spec.sliding_window = cfg.window_of_layer(layer);
+  spec.block_size = cfg.flash_attention_block_size;
+  return a.o_proj(
+      hax::flatten_axes(layers::attention(q, kr, vr, segments, spec), axes<KVHeads, QHeadsPerGroup>{}, Heads));
 }
 
 }  // namespace levanter::llama
