@@ -44,26 +44,28 @@ std::string_view model_type_name(const C& c) {
 }
 
 /// The `model:` choice holding config `c`, under its own `type:` (a LlamaConfig of the mistral family becomes a
-/// MistralConfig again).
+/// MistralConfig again): the listed config type deriving from LlamaConfig whose default family is c's.
 template <class C>
 ModelChoice as_model_choice(const C& c) {
   ModelChoice r;
   if constexpr (std::is_base_of_v<LlamaConfig, C>) {
-    auto put = [&]<class T>(std::type_identity<T>) {
-      T t;
-      static_cast<LlamaConfig&>(t) = c;
-      r.value = t;
-    };
-    switch (c.family) {
-      case llama_family::llama: put(std::type_identity<LlamaConfig>{}); break;
-      case llama_family::mistral: put(std::type_identity<MistralConfig>{}); break;
-      case llama_family::qwen2: put(std::type_identity<QwenConfig>{}); break;
-      case llama_family::qwen3: put(std::type_identity<Qwen3Config>{}); break;
-      case llama_family::gemma: put(std::type_identity<GemmaConfig>{}); break;
-      case llama_family::gemma2: put(std::type_identity<Gemma2Config>{}); break;
-      case llama_family::gemma3: put(std::type_identity<Gemma3Config>{}); break;
-      case llama_family::olmo2: put(std::type_identity<Olmo2Config>{}); break;
-    }
+    using V = decltype(r.value);
+    bool found = false;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using T = std::variant_alternative_t<I, V>;
+            if constexpr (std::is_base_of_v<LlamaConfig, T>) {
+              if (!found && T{}.family == c.family) {
+                T t;
+                static_cast<LlamaConfig&>(t) = c;
+                r.value = t;
+                found = true;
+              }
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<std::variant_size_v<V>>{});
   } else {
     r.value = c;
   }
