@@ -70,7 +70,8 @@ void validate(config::validator& v, const LlamaConfig& m) {
       v.note("model.cross_entropy_block_size",
              "final_logit_softcapping needs the whole logits; the loss is computed unblocked (as upstream's "
              "default) and the block size is not used");
-    if (m.sliding_window_pattern) check_int(v, "model.sliding_window_pattern", *m.sliding_window_pattern, 1, bounds::max_layers);
+    if (m.sliding_window_pattern)
+      check_int(v, "model.sliding_window_pattern", *m.sliding_window_pattern, 1, bounds::max_layers);
     config::check_real(v, "model.rope_local_base_freq", m.rope_local_base_freq, 0, 1e12, true, false);
   }
   if (m.family == llama_family::olmo2) {

@@ -154,7 +154,9 @@ std::optional<double> positive_or_null(const nlohmann::json& j, const char* key,
   return j[key].get<double>();
 }
 
-nlohmann::json number_or_null(const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); }
+nlohmann::json number_or_null(const std::optional<double>& x) {
+  return x ? nlohmann::json(*x) : nlohmann::json(nullptr);
+}
 
 /// layer_types as a list of booleans (true: sliding_attention), checked against the layer count.
 std::vector<bool> sliding_layers_of(const nlohmann::json& j, int layers, const std::string& where) {
@@ -329,7 +331,8 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
     }
   } else {
     base.rope = rope_from_hf(j, base.seq_len, where);
-    if (base.family == llama_family::gemma3) base.rope_local_base_freq = detail::get_or<double>(j, "rope_local_base_freq", 10000.0);
+    if (base.family == llama_family::gemma3)
+      base.rope_local_base_freq = detail::get_or<double>(j, "rope_local_base_freq", 10000.0);
   }
   base.use_bias = false;
   base.hybrid_norm = base.input_embedding_norm = base.use_qk_norm = false;
@@ -397,23 +400,13 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
                                  : 0;
     if (base.use_sliding_window && !base.sliding_window)
       throw error(where + ": use_sliding_window is true but sliding_window is null");
-    if (j.contains("layer_types") && !j["layer_types"].is_null() && !j["layer_types"].is_array())
-      throw error(where + ": layer_types is " + j["layer_types"].dump() + ", not a list");
-    if (j.contains("layer_types") && j["layer_types"].is_array()) {
-      const auto& lt = j["layer_types"];
-      if (static_cast<int>(lt.size()) != base.num_layers)
-        throw error(where + ": layer_types has " + std::to_string(lt.size()) + " entries for " +
-                    std::to_string(base.num_layers) + " layers");
-      for (int i = 0; i < base.num_layers; ++i) {
-        if (!lt[i].is_string() || (lt[i] != "sliding_attention" && lt[i] != "full_attention"))
-          throw error(where + ": layer_types[" + std::to_string(i) + "] is " + lt[i].dump() +
-                      ", not \"full_attention\" or \"sliding_attention\"");
-        const bool sliding = lt[i].get<std::string>() == "sliding_attention";
-        if (sliding != (base.window_of_layer(i) > 0))
-          throw error(where + ": layer_types[" + std::to_string(i) + "] is '" + lt[i].get<std::string>() +
+    if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+      const auto sliding = sliding_layers_of(j, base.num_layers, where);
+      for (int i = 0; i < base.num_layers; ++i)
+        if (sliding[i] != (base.window_of_layer(i) > 0))
+          throw error(where + ": layer_types[" + std::to_string(i) + "] is '" + j["layer_types"][i].get<std::string>() +
                       "', which use_sliding_window / max_window_layers do not give (only windows from "
                       "max_window_layers on are supported)");
-      }
     }
   }
   if (!haliax::nn::find_activation(base.activation_function))
