@@ -46,7 +46,7 @@ grep -q '"use_sliding_window": false' qwen2_off/config.json || fail "could not w
 families="$golden/hf_gpt2_tiny:gpt2 $golden/hf_llama/llama_mha:llama $golden/hf_llama/mistral_sw:mistral"
 families+=" $golden/hf_llama/qwen2_sw:qwen $PWD/qwen2_off:qwen $golden/hf_llama/qwen3:qwen3"
 families+=" $golden/hf_llama/gemma_mqa:gemma $golden/hf_llama/gemma2_softcap:gemma2 $golden/hf_llama/gemma3_local:gemma3"
-families+=" $golden/hf_llama/olmo2_gqa:olmo2"
+families+=" $golden/hf_llama/olmo2_gqa:olmo2 $golden/hf_llama/mixtral_top2:mixtral"
 for entry in $families; do
   dir=${entry%%:*} type=${entry##*:}
   name=$(basename "$dir")

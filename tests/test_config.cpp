@@ -262,8 +262,9 @@ TEST_CASE("choices: type key, bare name, default, unknown and unsupported types"
   CHECK(contains(e, "unknown type 'sophia-g'; supported types: {adam,lion,adopt,rmsprop,cautious,mars,muon,scion,mini,soap,kron,sophia-h}"));
   e = error_of([] { dec<OptimizerChoice>("{type: lion, nesterov: true}"); });
   CHECK(contains(e, "nesterov"));
-  e = error_of([] { dec<ModelChoice>("mixtral"); });
-  CHECK(contains(e, "mixtral is not supported yet; use type: mistral (dense) or llama"));
+  e = error_of([] { dec<ModelChoice>("whisper"); });
+  CHECK(contains(e, "whisper is not supported yet; use type: gpt2 or llama"));
+  CHECK(dec<ModelChoice>("{type: mixtral, n_routed_experts: 4}").get_if<MixtralConfig>()->n_routed_experts == 4);
   CHECK(dec<ModelChoice>("llama").type_name() == "llama");
   CHECK(dec<ModelChoice>("{type: qwen, use_sliding_window: true, sliding_window: 8}").get_if<QwenConfig>()->family ==
         llama_family::qwen2);

@@ -16,7 +16,7 @@ auto plain_like_flash(const qkv<T>& x, const nn::flash_attention_options& o,
   auto base = o.sliding_window > 0 ? nn::sliding_window_mask(P, N, o.sliding_window, o.q_start, o.k_start)
               : o.causal           ? nn::causal_mask(P, N, o.q_start, o.k_start)
                                    : hax::full<bool>(true, P, N);
-  nn::attention_options po{o.scale};
+  nn::attention_options po{o.scale, o.logits_soft_cap};
   if (seg) return nn::dot_product_attention(x.q, x.k, x.v, KPos, Key, base && nn::segment_mask(*seg, Pos, KPos), po);
   return nn::dot_product_attention(x.q, x.k, x.v, KPos, Key, base && hax::full<bool>(true, x.q.sized(Batch), P, N), po);
 }
@@ -48,6 +48,9 @@ TEST_CASE("flash_attention equals plain attention: causal, window, segments, off
       {"segments + window", 40, 40, {.sliding_window = 6, .block_q = 16, .block_k = 4}, true},
       {"decode chunk (q_start)", 6, 19, {.q_start = 13, .block_q = 4, .block_k = 4}, false},
       {"explicit scale", 17, 17, {.scale = 0.7, .block_q = 4, .block_k = 8}, false},
+      {"soft cap, ragged blocks", 37, 37, {.block_q = 8, .block_k = 16, .logits_soft_cap = 1.5}, false},
+      {"soft cap + segments + window", 40, 40,
+       {.sliding_window = 6, .block_q = 16, .block_k = 4, .logits_soft_cap = 2.0}, true},
   };
   for (const auto& c : configs) {
     const std::string name = c.name;
@@ -120,6 +123,7 @@ TEST_CASE("flash_attention gradients match finite differences") {
       {"window", {.sliding_window = 3, .block_q = 4, .block_k = 2}, false},
       {"segments", {.block_q = 4, .block_k = 3}, true},
       {"not causal, one tile", {.causal = false}, false},
+      {"soft cap", {.block_q = 3, .block_k = 4, .logits_soft_cap = 1.0}, false},
   };
   auto seg = hax::from_host<std::int32_t>({0, 0, 0, 1, 1, 2, 2, 2, 2, 5, 5, 5, 5, 5, 6, 6}, 2 * Batch, 8 * Pos);
   for (const auto& c : configs) {
@@ -143,6 +147,7 @@ TEST_CASE("flash_attention gradients equal the plain attention's") {
       {"window", 33, {.sliding_window = 7, .block_q = 8, .block_k = 4}, false},
       {"segments", 40, {.block_q = 16, .block_k = 8}, true},
       {"not causal", 23, {.causal = false, .block_q = 8, .block_k = 8}, false},
+      {"soft cap + window", 33, {.sliding_window = 7, .block_q = 8, .block_k = 4, .logits_soft_cap = 1.5}, false},
   };
   std::vector<std::int32_t> ids;
   for (int i = 0; i < 80; ++i) ids.push_back(i < 40 ? (i < 9 ? 0 : i < 30 ? 1 : 2) : (i < 62 ? 3 : 4));
@@ -260,6 +265,8 @@ TEST_CASE("flash attention: portable kernels match the host kernels (masks, offs
       {"segments, a row that sees no key", 40, 40, {.k_start = 1, .block_q = 8, .block_k = 8}, true},
       {"decode chunk (q_start)", 6, 19, {.q_start = 13, .block_q = 4, .block_k = 4}, false},
       {"explicit scale", 17, 17, {.scale = 0.7, .block_q = 4, .block_k = 8}, false},
+      {"soft cap + segments + window", 40, 40,
+       {.sliding_window = 6, .block_q = 16, .block_k = 4, .logits_soft_cap = 2.0}, true},
   };
   std::vector<std::int32_t> ids;
   for (std::int32_t d : {0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 3, 3, 3, 3, 3,
@@ -321,6 +328,11 @@ TEST_CASE("flash attention: portable kernels against plain attention and finite 
   auto g_flash = grads_of<double>([&](const qkv<double>& m) { return flash_of(m, o, &seg); }, x);
   auto g_plain = grads_of<double>([&](const qkv<double>& m) { return plain_like_flash(m, o, &seg); }, x);
   check_grads_close(g_flash, g_plain, 1e-10, 1e-12);
+  nn::flash_attention_options oc{.block_q = 16, .block_k = 8, .logits_soft_cap = 1.5};  // soft-capped
+  check_close(host(flash_of(x, oc, &seg)), host(plain_like_flash(x, oc, &seg)), 1e-12, 1e-13);
+  check_grads_close(grads_of<double>([&](const qkv<double>& m) { return flash_of(m, oc, &seg); }, x),
+                    grads_of<double>([&](const qkv<double>& m) { return plain_like_flash(m, oc, &seg); }, x), 1e-10,
+                    1e-12);
   auto small = random_qkv<double>(98, 1, 5, 5, 2, 2, 1.5);
   nn::flash_attention_options so{.k_start = 1, .block_q = 2, .block_k = 3};
   gradcheck::check_output_gradient([&](const qkv<double>& m) { return flash_of(m, so); }, small);

@@ -1,7 +1,7 @@
 // The Llama family through train_lm's library entry point (levanter/main/train_lm.hpp): for each type (llama with
 // GQA, mistral with a sliding window shorter than the sequence, qwen with biases and windows from layer 1, qwen3
 // with QK norm, gemma with MQA, gemma2 with soft-capping and local layers, gemma3 with local layers and their own
-// RoPE base, olmo2 with post-norm layers) a tiny model trains 20 steps with a falling loss, a run stopped after step 13 and resumed from its
+// RoPE base, olmo2 with post-norm layers, mixtral with top-2 of 4 experts and both auxiliary losses) a tiny model trains 20 steps with a falling loss, a run stopped after step 13 and resumed from its
 // step-10 checkpoint equals the uninterrupted one bitwise (losses, parameters, optimizer state), the resolved
 // config keeps its type, and the Hugging Face export it writes starts a new run (initialize_from_hf).
 #include <algorithm>
@@ -92,6 +92,9 @@ TEST_CASE("llama family: 20 steps train, resume bitwise, keep their type, and re
       {"olmo2",
        "{type: olmo2, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
        "num_kv_heads: 2}"},
+      {"mixtral",
+       "{type: mixtral, seq_len: 32, hidden_dim: 32, intermediate_dim: 48, num_layers: 2, num_heads: 4, "
+       "num_kv_heads: 2, n_routed_experts: 4, num_experts_per_tok: 2}"},
   };
   for (const auto& [type, model] : models) {
     const std::string type_name = type;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Gemma, Gemma 2, Gemma 3 and OLMo 2 through the real programs, from their configs (config/gemma*_nano.yaml and
-# config/olmo2_nano.yaml, cut to a tiny context and batch): each trains 20 steps with falling loss, and its export to Hugging Face imports back and exports
+# Gemma, Gemma 2, Gemma 3, OLMo 2 and Mixtral through the real programs, from their configs (config/gemma*_nano.yaml,
+# config/olmo2_nano.yaml and config/mixtral_nano.yaml, cut to a tiny context and batch): each trains 20 steps with falling loss, and its export to Hugging Face imports back and exports
 # again to the same bytes (and eval_lm gives the checkpoint and the export the same loss). Resuming bitwise is
 # tested in-process for every type (tests/test_llama_train.cpp).
 # Usage: train_lm_families.sh TRAIN_LM IMPORT_HF_TO_LM EXPORT_LM_TO_HF EVAL_LM REPO_DIR WORK_DIR
@@ -19,7 +19,7 @@ small=(--model.seq_len 64 --trainer.train_batch_size 4 --trainer.num_train_steps
        --data.validation_urls "[\"$data_dir/validation.jsonl\"]" --data.cache_dir "$PWD/cache"
        --trainer.log_dir "$PWD/logs" --trainer.checkpointer.base_path "$PWD/ckpt"
        --trainer.checkpointer.keep '[{every: 10}]')
-for t in gemma gemma2 gemma3 olmo2; do
+for t in gemma gemma2 gemma3 olmo2 mixtral; do
   cfg="$repo/config/${t}_nano.yaml"
   run() { (cd "$repo" && timeout 300 "$train_lm" --config_path "$cfg" "${small[@]}" --trainer.id "$t"); }
   run > "$t.out" 2>&1 || { cat "$t.out"; fail "$t: train_lm on config/${t}_nano.yaml failed"; }
@@ -46,3 +46,20 @@ for t in gemma gemma2 gemma3 olmo2; do
   [ -n "$a" ] && [ "$a" = "$b" ] || fail "$t: eval_lm gives the checkpoint $a and its export $b"
   echo "OK: $t loss $first -> $final, export -> import -> export bitwise, eval $a both ways"
 done
+
+# Mixtral logs its auxiliary losses as upstream does
+for k in train/load_balancing_loss train/router_z_loss; do
+  grep -q "\"$k\"" logs/mixtral/metrics.jsonl || fail "mixtral: no $k in the metrics"
+done
+
+# Mixtral's routing is the same at any thread count: 1 and 2 threads give the same losses and the same weights.
+for n in 1 2; do
+  (cd "$repo" && HALIAX_NUM_THREADS=$n timeout 300 "$train_lm" --config_path "$repo/config/mixtral_nano.yaml" "${small[@]}" \
+     --trainer.num_train_steps 10 --trainer.id "mixtral-t$n") > "mixtral-t$n.out" 2>&1 ||
+    { cat "mixtral-t$n.out"; fail "mixtral on $n threads failed"; }
+  grep '"event":"log"' "logs/mixtral-t$n/metrics.jsonl" | grep '"train/loss"' | sed -E 's/.*"train\/loss":([^,}]*).*/\1/' > "mixtral-t$n.losses"
+done
+[ "$(wc -l < mixtral-t1.losses)" -eq 10 ] || fail "mixtral: expected 10 logged losses, got $(wc -l < mixtral-t1.losses)"
+cmp mixtral-t1.losses mixtral-t2.losses || { paste mixtral-t1.losses mixtral-t2.losses; fail "mixtral: the losses depend on the thread count"; }
+cmp ckpt/mixtral-t1/step-10/model.h5 ckpt/mixtral-t2/step-10/model.h5 || fail "mixtral: the weights depend on the thread count"
+echo "OK: mixtral on 1 and 2 threads: the same losses and weights, bit for bit"

@@ -88,7 +88,28 @@ void visit2(M1& a, M2& b, const std::string& prefix, F& f) {
   }
 }
 
+template <class T, class F>
+void visit_types(F& f) {
+  if constexpr (is_named_array_v<T>) {
+    f(T::axis_names());
+  } else if constexpr (is_optional_v<T> || is_vector_v<T>) {
+    visit_types<typename T::value_type>(f);
+  } else if constexpr (boost::hana::Struct<T>::value) {
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto pair) {
+      using G = std::remove_cvref_t<decltype(boost::hana::second(pair)(std::declval<T&>()))>;
+      visit_types<G>(f);
+    });
+  }
+}
+
 }  // namespace detail
+
+/// Calls `f(axis_names)` (an array of the axis names) for every kind of array leaf a module of type `M` can hold,
+/// in declaration order: empty optionals and vectors included, so that a default-constructed module is not needed.
+template <class M, class F>
+void for_each_leaf_type(F&& f) {
+  detail::visit_types<M>(f);
+}
 
 /// Calls `f(name, array)` for every array leaf of `module`, in declaration order, with dotted names
 /// (`blocks.3.attn.weight`). `array` is a mutable reference when `module` is.

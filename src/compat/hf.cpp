@@ -31,10 +31,11 @@ std::string torch_dtype_name(safetensors::dtype t) {
 
 namespace detail {
 
-std::string layer_name(const std::string& pattern, std::int64_t i) {
-  const auto pos = pattern.find("{i}");
-  if (pos == std::string::npos) return pattern;
-  return pattern.substr(0, pos) + std::to_string(i) + pattern.substr(pos + 3);
+std::string layer_name(const std::string& pattern, std::int64_t i, std::int64_t e) {
+  std::string s = pattern;
+  if (const auto pos = s.find("{i}"); pos != std::string::npos) s = s.substr(0, pos) + std::to_string(i) + s.substr(pos + 3);
+  if (const auto pos = s.find("{e}"); pos != std::string::npos) s = s.substr(0, pos) + std::to_string(e) + s.substr(pos + 3);
+  return s;
 }
 
 void write_config_json(const std::string& dir, const std::string& json_text) {
@@ -53,18 +54,22 @@ void check_model_type(const hf_dir& d, std::string_view want) {
 }
 
 void host_copy(const std::string& name, const float* data, std::size_t n, const std::string& pattern,
-               std::int64_t layers, std::map<std::string, std::vector<float>>& out) {
+               std::int64_t layers, std::map<std::string, std::vector<float>>& out, std::int64_t experts) {
   if (pattern.find("{i}") == std::string::npos) {
     out[pattern].assign(data, data + n);
     return;
   }
-  if (layers <= 0 || n % static_cast<std::size_t>(layers) != 0)
+  if (pattern.find("{e}") == std::string::npos) experts = 1;
+  const std::int64_t parts = layers * experts;
+  if (layers <= 0 || experts <= 0 || n % static_cast<std::size_t>(parts) != 0)
     throw error("hf::save: the stacked parameter '" + name + "' cannot be split into " + std::to_string(layers) +
-                " layers");
-  const std::size_t per = n / static_cast<std::size_t>(layers);
+                " layers of " + std::to_string(experts) + " experts");
+  const std::size_t per = n / static_cast<std::size_t>(parts);
   for (std::int64_t i = 0; i < layers; ++i)
-    out[layer_name(pattern, i)].assign(data + per * static_cast<std::size_t>(i),
-                                       data + per * static_cast<std::size_t>(i + 1));
+    for (std::int64_t e = 0; e < experts; ++e) {
+      const auto at = static_cast<std::size_t>(i * experts + e);
+      out[layer_name(pattern, i, e)].assign(data + per * at, data + per * (at + 1));
+    }
 }
 
 }  // namespace detail

@@ -49,6 +49,12 @@ config::validation_result validate_train_lm(const TrainLmConfig& cfg, const conf
                               std::to_string(cfg.trainer.model_axis_size) +
                               ") yet: its QK norms need every head on one rank; use model_axis_size: 1 (FSDP and "
                               "ZeRO-1 work)");
+  // Mixtral's experts are grouped matmuls over the tokens routed to them, not Linears that sum over the model group.
+  if (cfg.model.type_name() == "mixtral" && cfg.trainer.model_axis_size > 1)
+    v.error("model.type", "mixtral is not supported with tensor parallelism (trainer.model_axis_size " +
+                              std::to_string(cfg.trainer.model_axis_size) +
+                              ") yet: its experts are not split over the model axis; use model_axis_size: 1 (FSDP "
+                              "and ZeRO-1 work)");
   // The optimizer and its schedule for this run's length, built as training would build them, so that a warmup or
   // decay that does not fit trainer.num_train_steps fails here (exit 2; --dry_run says so) and not at step 0.
   if (cfg.trainer.num_train_steps > 0 && v.result.errors.empty()) {

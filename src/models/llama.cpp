@@ -19,6 +19,23 @@ Norm make_norm(const LlamaConfig& cfg, A axis) {
 
 }  // namespace
 
+hidden sparse_moe(const SparseMoeBlock<>& m, const LlamaConfig& cfg, const hidden& x, std::int64_t layer,
+                  lm_aux* aux) {
+  const auto B = x.size(Batch) * Batch;
+  const auto P = x.size(Pos) * Pos;
+  const auto xf = hax::flatten_axes<axes<Batch, Pos>>(x, Token);  // {token, embed}
+  const auto r = layers::route(m.gate(xf), cfg.num_experts_per_tok, cfg.lbl_coef, cfg.rzl_coef);
+  if (aux) aux->set(layer, cfg.num_layers, r.load_balancing, r.router_z, r.loads);
+  const auto xs = hax::take(xf, Token, r.token_of_row);  // {token_repeat, embed}, sorted by expert
+  const auto act = nn::activation_from_name(cfg.activation_function);
+  const auto& e = m.experts;
+  const auto hs = nn::apply_activation(act, e.w1(xs, r.group_sizes)) * e.w3(xs, r.group_sizes);
+  const auto ys = e.w2(hs, r.group_sizes);                 // {token_repeat, embed}
+  const auto yt = hax::take(ys, TokenRepeat, r.row_of);   // {token, top_experts, embed}
+  const auto y = hax::sum(yt * r.weights, TopExperts);    // {token, embed}
+  return hax::unflatten_axis(y, Token, B, P);
+}
+
 LMHeadModel LMHeadModel::init(const LlamaConfig& cfg, std::int64_t vocab, hax::random::key key) {
   check(cfg, vocab);
   auto k = hax::random::split(key, 2);  // transformer, embeddings (and the untied head)
@@ -45,11 +62,30 @@ LMHeadModel LMHeadModel::init(const LlamaConfig& cfg, std::int64_t vocab, hax::r
       b.self_attn.q_proj_norm = make_norm<A::q_proj_norm_t>(cfg, cfg.num_heads * cfg.head_size() * QFeatures);
       b.self_attn.k_proj_norm = make_norm<A::k_proj_norm_t>(cfg, cfg.num_kv_heads * cfg.head_size() * KFeatures);
     }
-    auto km = hax::random::split(kb[1], 3);
     const auto F = cfg.intermediate_dim * levanter::Mlp;
-    b.mlp.gate_proj = LlamaMlp<>::in_t::init(km[0], E, F, cfg.use_bias);
-    b.mlp.up_proj = LlamaMlp<>::in_t::init(km[1], E, F, cfg.use_bias);
-    b.mlp.down_proj = LlamaMlp<>::out_t::init(km[2], F, E, cfg.use_bias);
+    const auto make_mlp = [&](hax::random::key key, hax::sized_axis<std::remove_cvref_t<decltype(levanter::Mlp)>> width) {
+      auto km = hax::random::split(key, 3);
+      LlamaMlp<> mlp;
+      mlp.gate_proj = LlamaMlp<>::in_t::init(km[0], E, width, cfg.use_bias);
+      mlp.up_proj = LlamaMlp<>::in_t::init(km[1], E, width, cfg.use_bias);
+      mlp.down_proj = LlamaMlp<>::out_t::init(km[2], width, E, cfg.use_bias);
+      return mlp;
+    };
+    if (cfg.moe()) {  // upstream MixtralDecoderLayer: keys (attention, moe, shared mlp); moe -> (gate, experts)
+      auto km = hax::random::split(kb[1], 3);
+      SparseMoeBlock<> moe;
+      const auto X = cfg.n_routed_experts * Experts;
+      moe.gate = SparseMoeBlock<>::gate_t::init(km[0], E, X, false);
+      auto kx = hax::random::split(km[1], 3);
+      moe.experts.w1 = MoeMlp<>::in_t::init(kx[0], X, E, F);
+      moe.experts.w2 = MoeMlp<>::out_t::init(kx[1], X, F, E);
+      moe.experts.w3 = MoeMlp<>::in_t::init(kx[2], X, E, F);
+      b.block_sparse_moe = std::move(moe);
+      if (cfg.n_shared_experts > 0)
+        b.shared_mlp = make_mlp(km[2], std::int64_t(cfg.n_shared_experts) * cfg.intermediate_dim * levanter::Mlp);
+    } else {
+      b.mlp = make_mlp(kb[1], F);
+    }
     if (!cfg.post_norms_only()) b.input_layernorm = make_norm<L::norm_t>(cfg, E);
     b.post_attention_layernorm = make_norm<L::norm_t>(cfg, E);
     if (cfg.post_norms_only()) b.post_feedforward_layernorm = make_norm<L::norm_t>(cfg, E);
@@ -98,11 +134,16 @@ hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& token
   if (embeddings.norm) x = (*embeddings.norm)(x);
   x = transformer.layers.fold(
       x,
-      [&cfg, &segments](const DecoderLayer<>& b, const hidden& h, std::int64_t i) -> hidden {
-        const auto mlp = [&](const hidden& u) {
-          return b.mlp.down_proj(
-              nn::apply_activation(nn::activation_from_name(cfg.activation_function), b.mlp.gate_proj(u)) *
-              b.mlp.up_proj(u));
+      [&cfg, &segments, aux = o.aux](const DecoderLayer<>& b, const hidden& h, std::int64_t i) -> hidden {
+        const auto act = nn::activation_from_name(cfg.activation_function);
+        const auto swiglu = [&](const LlamaMlp<>& m, const hidden& u) {
+          return m.down_proj(nn::apply_activation(act, m.gate_proj(u)) * m.up_proj(u));
+        };
+        const auto mlp = [&](const hidden& u) -> hidden {
+          if (!b.block_sparse_moe) return swiglu(*b.mlp, u);
+          hidden y = sparse_moe(*b.block_sparse_moe, cfg, u, i, aux.get());
+          if (b.shared_mlp) y = y + swiglu(*b.shared_mlp, u);
+          return y;
         };
         if (!b.input_layernorm) {  // OLMo 2: the norms follow the sublayers
           const hidden h2 = h + b.post_attention_layernorm(attention(b.self_attn, cfg, h, segments, i));

@@ -81,6 +81,21 @@ void validate(config::validator& v, const LlamaConfig& m) {
       v.refuse("model.use_qk_norm", "OLMo 2 normalises the whole query and key projections already",
                "remove the key");
   }
+  if (m.moe()) {
+    const bool experts_ok = check_int(v, "model.n_routed_experts", m.n_routed_experts, 1, 4096);
+    const bool k_ok = check_int(v, "model.num_experts_per_tok", m.num_experts_per_tok, 1, 4096);
+    if (experts_ok && k_ok && m.num_experts_per_tok > m.n_routed_experts)
+      v.error("model.num_experts_per_tok", "num_experts_per_tok " + std::to_string(m.num_experts_per_tok) +
+                                               " is more than n_routed_experts " + std::to_string(m.n_routed_experts) +
+                                               "; a token is routed to at most every expert");
+    check_int(v, "model.n_shared_experts", m.n_shared_experts, 0, 4096);
+    if (m.lbl_coef) config::check_real(v, "model.lbl_coef", *m.lbl_coef, 0, 1e6, false, false);
+    if (m.rzl_coef) config::check_real(v, "model.rzl_coef", *m.rzl_coef, 0, 1e6, false, false);
+    if (m.use_bias)
+      v.refuse("model.use_bias", "biases in the router and experts are not supported here (Mixtral has none)",
+               "remove the key");
+    if (m.hybrid_norm) v.refuse("model.hybrid_norm", "not supported with a mixture of experts", "remove the key");
+  }
   const auto check_rope = [&](const char* key, double x, bool strictly) {
     config::check_real(v, std::string("model.rope.") + key, x, 0, 1e12, strictly, false);
   };
@@ -124,3 +139,4 @@ LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::GemmaConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Gemma2Config)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Gemma3Config)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Olmo2Config)
+LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MixtralConfig)

@@ -48,6 +48,10 @@ void adapter::check_matches(const LlamaConfig& c, const nlohmann::json& j, const
   }
   for (int i = 0; i < c.num_layers; ++i)
     differs("a sliding window on this layer", c.window_of_layer(i), h.window_of_layer(i));
+  if (c.moe()) {
+    differs("num_local_experts", c.n_routed_experts, h.n_routed_experts);
+    differs("num_experts_per_tok", c.num_experts_per_tok, h.num_experts_per_tok);
+  }
 }
 
 std::string adapter::hf_name(const std::string& ours) {
@@ -60,8 +64,13 @@ std::string adapter::hf_name(const std::string& ours) {
   for (const auto& [from, to] : map)
     if (ours.rfind(from, 0) == 0) {
       const std::string rest = ours.substr(std::strlen(from));
-      if (rest.starts_with("post_attn_layernorm") || rest.starts_with("post_mlp_layernorm"))
-        break;  // hybrid_norm: no Hugging Face form
+      if (rest.starts_with("post_attn_layernorm") || rest.starts_with("post_mlp_layernorm") ||
+          rest.starts_with("shared_mlp."))
+        break;  // hybrid_norm, shared experts: no Hugging Face form
+      // Mixtral's experts: one tensor per expert ("{e}", the axis after the layers), [out, in] as ours
+      for (const char* w : {"w1", "w2", "w3"})
+        if (rest == std::string("block_sparse_moe.experts.") + w + ".weight")
+          return std::string(to) + "block_sparse_moe.experts.{e}." + w + ".weight";
       // OLMo 2's whole-projection norms are its q_norm / k_norm
       for (const auto& [ours_norm, hf_norm] : {std::pair{"self_attn.q_proj_norm.", "self_attn.q_norm."},
                                                std::pair{"self_attn.k_proj_norm.", "self_attn.k_norm."}})
@@ -96,9 +105,19 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> adapter::hf_layou
       out.push_back({l + "self_attn.q_norm.weight", {H * D}});
       out.push_back({l + "self_attn.k_norm.weight", {K * D}});
     }
-    out.push_back({l + "mlp.gate_proj.weight", {M, E}});
-    out.push_back({l + "mlp.up_proj.weight", {M, E}});
-    out.push_back({l + "mlp.down_proj.weight", {E, M}});
+    if (c.moe()) {
+      out.push_back({l + "block_sparse_moe.gate.weight", {c.n_routed_experts, E}});
+      for (int e = 0; e < c.n_routed_experts; ++e) {
+        const std::string x = l + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        out.push_back({x + "w1.weight", {M, E}});
+        out.push_back({x + "w2.weight", {E, M}});
+        out.push_back({x + "w3.weight", {M, E}});
+      }
+    } else {
+      out.push_back({l + "mlp.gate_proj.weight", {M, E}});
+      out.push_back({l + "mlp.up_proj.weight", {M, E}});
+      out.push_back({l + "mlp.down_proj.weight", {E, M}});
+    }
     if (!c.post_norms_only()) out.push_back({l + "input_layernorm.weight", {E}});
     out.push_back({l + "post_attention_layernorm.weight", {E}});
     if (c.post_norms_only()) out.push_back({l + "post_feedforward_layernorm.weight", {E}});

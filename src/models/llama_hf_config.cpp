@@ -136,6 +136,8 @@ const char* architecture_of(llama_family f) {
       return "Gemma3ForCausalLM";
     case llama_family::olmo2:
       return "Olmo2ForCausalLM";
+    case llama_family::mixtral:
+      return "MixtralForCausalLM";
     default:
       return "LlamaForCausalLM";
   }
@@ -195,6 +197,8 @@ std::string_view llama_model_type_of(const LlamaConfig& c) {
       return "gemma3_text";
     case llama_family::olmo2:
       return "olmo2";
+    case llama_family::mixtral:
+      return "mixtral";
     default:
       return "llama";
   }
@@ -219,6 +223,9 @@ nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
     throw error(who + ": query_pre_attn_scalar other than the head size has no Hugging Face form for a Gemma 1 "
                 "model (use type: gemma2)");
   if (!c.use_layer_norm_weight) throw error(who + ": use_layer_norm_weight false has no Hugging Face form");
+  if (c.moe() && c.n_shared_experts > 0)
+    throw error(who + ": n_shared_experts " + std::to_string(c.n_shared_experts) +
+                " has no Hugging Face form (transformers' Mixtral has no shared experts)");
   nlohmann::json j;
   j["architectures"] = {architecture_of(c.family)};
   j["model_type"] = std::string(llama_model_type_of(c));
@@ -229,7 +236,8 @@ nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
   j["num_hidden_layers"] = c.num_layers;
   j["num_attention_heads"] = c.num_heads;
   j["num_key_value_heads"] = c.num_kv_heads;
-  j["head_dim"] = c.head_size();
+  // transformers' Mixtral writes null for a head size implied by hidden_size / num_attention_heads
+  j["head_dim"] = c.moe() && !c.head_dim ? nlohmann::json(nullptr) : nlohmann::json(c.head_size());
   if (c.sandwich_norms())
     j["hidden_activation"] = hf_activation_name(c);
   else
@@ -268,6 +276,14 @@ nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
     j["pretraining_tp"] = 1;
   } else if (c.family == llama_family::mistral) {
     j["sliding_window"] = c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json(nullptr);
+  } else if (c.moe()) {
+    j["sliding_window"] = c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json(nullptr);
+    j["num_local_experts"] = c.n_routed_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    // upstream writes lbl_coef here (transformers' weight of its own, differently normalised, balancing loss)
+    j["router_aux_loss_coef"] = c.lbl_coef ? *c.lbl_coef : 0.0;
+    j["output_router_logits"] = false;
+    j["router_jitter_noise"] = 0.0;
   } else {
     if (c.family == llama_family::qwen3) j["attention_bias"] = false;
     j["use_sliding_window"] = c.use_sliding_window;
@@ -347,6 +363,24 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
       base.sliding_window.reset();
     if (base.tie_word_embeddings)
       throw error(where + ": tie_word_embeddings true is not supported for a Mistral (upstream unties its head)");
+  } else if (base.moe()) {
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null())
+      base.sliding_window = detail::get_int_in(j, "sliding_window", where, 1, b::max_seq_len);
+    else
+      base.sliding_window.reset();
+    base.n_routed_experts = j.contains("num_local_experts") ? detail::get_int_in(j, "num_local_experts", where, 1, 4096)
+                                                            : 8;
+    base.num_experts_per_tok = j.contains("num_experts_per_tok")
+                                   ? detail::get_int_in(j, "num_experts_per_tok", where, 1, base.n_routed_experts)
+                                   : 2;
+    base.n_shared_experts = 0;
+    // as upstream's from_hf_config: lbl_coef from router_aux_loss_coef (rzl_coef stays the config's)
+    if (j.contains("router_aux_loss_coef") && !j["router_aux_loss_coef"].is_null()) {
+      if (!j["router_aux_loss_coef"].is_number() || j["router_aux_loss_coef"].get<double>() < 0)
+        throw error(where + ": 'router_aux_loss_coef' is " + j["router_aux_loss_coef"].dump() +
+                    ", not a non-negative number");
+      base.lbl_coef = j["router_aux_loss_coef"].get<double>();
+    }
   } else if (base.gemma()) {
     base.query_pre_attn_scalar.reset();
     base.attn_logit_softcapping = base.final_logit_softcapping = std::nullopt;
@@ -426,7 +460,9 @@ std::vector<std::pair<std::string, std::string>> llama_hf_keys() {
           {"model.rope.", "rope_parameters."}, {"model.query_pre_attn_scalar", "query_pre_attn_scalar"},
           {"model.attn_logit_softcapping", "attn_logit_softcapping"},
           {"model.final_logit_softcapping", "final_logit_softcapping"},
-          {"model.sliding_window_pattern", "layer_types"}, {"model.rope_local_base_freq", "rope_local_base_freq"}};
+          {"model.sliding_window_pattern", "layer_types"}, {"model.rope_local_base_freq", "rope_local_base_freq"},
+          {"model.n_routed_experts", "num_local_experts"}, {"model.num_experts_per_tok", "num_experts_per_tok"},
+          {"model.lbl_coef", "router_aux_loss_coef"}};
 }
 
 }  // namespace levanter::hf

@@ -25,6 +25,8 @@ std::string_view family_type_name(llama_family f) {
       return Gemma3Config::type_name;
     case llama_family::olmo2:
       return Olmo2Config::type_name;
+    case llama_family::mixtral:
+      return MixtralConfig::type_name;
   }
   return "llama";
 }
@@ -73,6 +75,8 @@ std::int64_t LlamaConfig::parameter_count(std::int64_t vocab) const {
   // OLMo 2: over all query and all key features (upstream counts 2 x hidden_dim, which is this for MHA)
   if (projection_qk_norm()) attn += (H + K) * ((use_layer_norm_weight ? D : 0) + (use_bias ? D : 0));
   std::int64_t mlp = 3 * E * M + (use_bias ? 2 * M + E : 0);
+  // Mixtral: the router, the routed experts and the shared ones (upstream total_trainable_params)
+  if (moe()) mlp = E * n_routed_experts + 3 * std::int64_t(n_routed_experts + n_shared_experts) * E * M;
   std::int64_t layer = attn + mlp + 2 * norm + (hybrid_norm || sandwich_norms() ? 2 * norm : 0);
   std::int64_t total = num_layers * layer + norm + (input_embedding_norm ? norm : 0) + vocab * E;
   if (!tied()) total += vocab * E;
@@ -85,7 +89,10 @@ double LlamaConfig::flops_per_token(std::int64_t vocab) const {
   const double E = hidden_dim, M = intermediate_dim, L = num_layers, S = seq_len, H = num_heads;
   const double K = mistral ? H : num_kv_heads;
   const double D = E / H;  // upstream uses hidden_dim / num_heads here even when head_dim is set
-  const double mlp = 2.0 * (no_glu ? 2 : 3) * E * M;
+  // Mixtral: each token runs num_experts_per_tok routed experts and the shared ones, plus the router (upstream
+  // lm_flops_per_token with num_experts)
+  const double mlp = moe() ? 2.0 * 3 * E * M * (num_experts_per_tok + n_shared_experts) + 2.0 * E * n_routed_experts
+                           : 2.0 * (no_glu ? 2 : 3) * E * M;
   const double qkv = 2.0 * E * (H * D + 2 * K * D);
   const double dense = 2.0 * E * E;
   const double attn = (2.0 * S * S * H * D + 3.0 * S * S * H + 2.0 * S * S * D * H) / S;
@@ -95,6 +102,11 @@ double LlamaConfig::flops_per_token(std::int64_t vocab) const {
 std::vector<matmul_shape> LlamaConfig::matmul_shapes(std::int64_t vocab) const {
   const std::int64_t E = hidden_dim, M = intermediate_dim, D = head_size(), H = num_heads, K = num_kv_heads;
   const double L = num_layers;
+  if (moe()) {  // per expert, the rows routed to it on average: the shape of one expert's product is not fixed
+    const double active = num_experts_per_tok + n_shared_experts;
+    return {{H * D, E, L}, {K * D, E, 2 * L}, {E, H * D, L}, {M, E, 2 * L * active}, {E, M, L * active},
+            {n_routed_experts, E, L}, {vocab, E, 1}};
+  }
   return {{H * D, E, L}, {K * D, E, 2 * L}, {E, H * D, L}, {M, E, 2 * L}, {E, M, L}, {vocab, E, 1}};
 }
 

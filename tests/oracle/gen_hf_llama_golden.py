@@ -166,7 +166,12 @@ def rope_of(model):
 
 
 def write_case(name, model_cls, config_cls, extra, description, tokens, vers, norm_base=1.0,
-               generator="tests/oracle/gen_hf_llama_golden.py"):
+               generator="tests/oracle/gen_hf_llama_golden.py", to_saved=None, extra_h5=None):
+    """to_saved (optional): maps {named_parameters() name: tensor} to {model.safetensors name: tensor}, for models
+    whose checkpoint layout differs from their parameters (Mixtral's fused experts); it is applied to the parameters
+    (which must then equal the saved tensors exactly) and to their gradients, so grads/ is keyed as saved.
+    extra_h5 (optional): called as extra_h5(h5file, model, tok, to_saved) after grads/ is written, to add more
+    datasets; what it returns is the result's "extra"."""
     import h5py
     import numpy as np
     import torch
@@ -185,10 +190,12 @@ def write_case(name, model_cls, config_cls, extra, description, tokens, vers, no
         saved = {k: f.get_tensor(k) for k in f.keys()}
 
     params = dict(model.named_parameters())
+    as_saved = to_saved or (lambda named: named)
+    saved_params = as_saved({k: p.detach() for k, p in params.items()})
     # the saved tensors are exactly the parameters (buffers such as rotary inv_freq are not persistent)
-    assert set(saved) == set(params), (sorted(saved), sorted(params))
+    assert set(saved) == set(saved_params), (sorted(saved), sorted(saved_params))
     for k, v in saved.items():
-        assert torch.equal(v, params[k].detach()), k
+        assert torch.equal(v, saved_params[k]), k
 
     tok = torch.from_numpy(tokens).long()
     model.zero_grad(set_to_none=True)
@@ -244,13 +251,16 @@ def write_case(name, model_cls, config_cls, extra, description, tokens, vers, no
         f.create_dataset("rope_inv_freq", data=inv_freq.astype(np.float32))
         f.create_dataset("rope_attention_scaling", data=np.float32(attn_scaling))
         g = f.create_group("grads")
+        assert all(p.grad is not None for p in params.values()), [k for k, p in params.items() if p.grad is None]
+        grads = as_saved({k: p.grad for k, p in params.items()})
         for k in sorted(saved):
-            grad = params[k].grad
+            grad = grads[k]
             assert grad is not None and tuple(grad.shape) == tuple(saved[k].shape), k
             g.create_dataset(k, data=grad.detach().numpy().astype(np.float32))
+        extra_result = extra_h5(f, model, tok, as_saved) if extra_h5 else None
 
     return dict(h5=h5_path, dir=d, loss=loss.item(), windows=windows, inv_freq=inv_freq,
-                attn_scaling=attn_scaling, tensors=describe(st_path))
+                attn_scaling=attn_scaling, tensors=describe(st_path), extra=extra_result)
 
 
 def write_rope_tables(vers):
@@ -307,9 +317,10 @@ def write_rope_tables(vers):
     return path, summary
 
 
-def write_cases(script, cases, norm_base):
+def write_cases(script, cases, norm_base, **case_kw):
     """The main of the scripts that add Llama-family variants to hf_llama/ (gen_hf_gemma_golden.py,
-    gen_hf_olmo2_golden.py): each case written with write_case, the tensors listed."""
+    gen_hf_olmo2_golden.py, gen_hf_mixtral_golden.py): each case written with write_case (case_kw: its optional
+    to_saved / extra_h5), the tensors listed."""
     ensure_venv(script)
     import torch
 
@@ -322,8 +333,10 @@ def write_cases(script, cases, norm_base):
     generator = "tests/oracle/" + os.path.basename(script)
     for name, model_cls, config_cls, extra, description in cases:
         r = write_case(name, model_cls, config_cls, extra, description, tokens, vers, norm_base=norm_base,
-                       generator=generator)
+                       generator=generator, **case_kw)
         print(f"== {name}: loss {r['loss']:.6f}, sliding windows per layer {r['windows']}")
+        if r["extra"] is not None:
+            print(f"   {r['extra']}")
         for tname, shape, dtype in r["tensors"]:
             print(f"   {tname:50s} {dtype} {shape}")
 

@@ -328,6 +328,9 @@ struct flash_attention_options {
   std::optional<double> scale = std::nullopt;
   std::int64_t block_q = 128;
   std::int64_t block_k = 128;
+  /// Scaled scores s become c * tanh(s / c) before the mask (upstream `logits_soft_cap`, Gemma 2); the backward
+  /// multiplies their gradient by 1 - tanh(s / c)^2.
+  std::optional<double> logits_soft_cap = std::nullopt;
 };
 
 namespace detail::attn {
@@ -466,6 +469,7 @@ struct geometry {
   std::int64_t bq = 128, bk = 128, nqb = 0, nkb = 0;
   bool causal = true;
   std::int64_t window = 0, offset = 0;
+  double soft_cap = 0;  // scores c * tanh(s / c) when > 0
   operand_layout ql, kl, vl, ol;
   const std::int32_t* qseg = nullptr;  // [batch, nq] or null
   const std::int32_t* kseg = nullptr;  // [batch, nk] or null
@@ -689,6 +693,17 @@ inline void single_threaded_blas() {
 #endif
 }
 
+/// Soft-caps n scores in place, s = c * tanh(s / c); with `dcap`, also writes 1 - tanh(s / c)^2 there (the
+/// derivative, for the backward pass).
+template <class T>
+inline void soft_cap_tile(T* s, std::int64_t n, T c, T* dcap) {
+  for (std::int64_t x = 0; x < n; ++x) {
+    const T t = std::tanh(s[x] / c);
+    s[x] = c * t;
+    if (dcap) dcap[x] = T(1) - t * t;
+  }
+}
+
 /// Forward of one query block of key/value element `kb`, for its query groups [h0, h1) (q elements
 /// kb * q_per_kv + h): an online softmax over the visible key blocks, the groups taking each key and value
 /// tile in turn (the tile stays in cache for all of them). Writes the groups' rows of `o` (normalised output)
@@ -722,6 +737,7 @@ void forward_block(const geometry& g, const T* q, const T* k, const T* v, T* o, 
       T* ob = o + g.ol.off[b] + i0 * g.ol.ld;
       tile_gemm<T>(false, true, rows, cols, g.d, scale, q + g.ql.off[b] + i0 * g.ql.ld, g.ql.ld, kt, g.kl.ld, T(0), s,
                    cols);
+      if (g.soft_cap > 0) soft_cap_tile<T>(s, rows * cols, static_cast<T>(g.soft_cap), nullptr);
       if (kind == geometry::partial) g.mask_tile<T>(b, i0, j0, rows, cols, s, ninf);
       HALIAX_ATTN_DISPATCH(online_softmax, s, rows, cols, m + (h - h0) * g.bq, l + (h - h0) * g.bq, ob, g.ol.ld, e);
       tile_gemm<T>(false, false, rows, e, cols, T(1), s, cols, vt, g.vl.ld, T(1), ob, g.ol.ld);
@@ -814,8 +830,9 @@ void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o,
   const T* dl = delta.data();
   pool.run(g.kv_batch * groups, [&](std::int64_t t) {
     const std::int64_t kvb = t / groups, grp = t - kvb * groups;
-    T* p = scratch<T>(static_cast<std::size_t>(2 * g.bq * g.bk));
+    T* p = scratch<T>(static_cast<std::size_t>((g.soft_cap > 0 ? 3 : 2) * g.bq * g.bk));
     T* dp = p + g.bq * g.bk;
+    T* dcap = g.soft_cap > 0 ? dp + g.bq * g.bk : nullptr;  // 1 - tanh(s / c)^2 of the tile
     T* dq0 = grp == 0 ? dq : partial.data() + (grp - 1) * qcount;
     for (std::int64_t jb = grp; jb < g.nkb; jb += groups) {
       const std::int64_t j0 = jb * g.bk, cols = std::min(nk, j0 + g.bk) - j0;
@@ -832,11 +849,14 @@ void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o,
           const T* qb = q + g.ql.off[b] + i0 * g.ql.ld;
           const T* dob = dout + g.ol.off[b] + i0 * g.ol.ld;
           tile_gemm<T>(false, true, rows, cols, d, scale, qb, g.ql.ld, kb, g.kl.ld, T(0), p, cols);
+          if (dcap) soft_cap_tile<T>(p, rows * cols, static_cast<T>(g.soft_cap), dcap);
           if (kind == geometry::partial) g.mask_tile<T>(b, i0, j0, rows, cols, p, -std::numeric_limits<T>::infinity());
           HALIAX_ATTN_DISPATCH(probs, p, rows, cols, lse + b * nq + i0);
           tile_gemm<T>(true, false, cols, e, rows, T(1), p, cols, dob, g.ol.ld, T(1), dvb, g.vl.ld);
           tile_gemm<T>(false, true, rows, cols, e, T(1), dob, g.ol.ld, vb, g.vl.ld, T(0), dp, cols);
           HALIAX_ATTN_DISPATCH(dscores, p, dp, rows, cols, dl + b * nq + i0);
+          if (dcap)
+            for (std::int64_t x = 0; x < rows * cols; ++x) p[x] *= dcap[x];
           tile_gemm<T>(true, false, cols, d, rows, scale, p, cols, qb, g.ql.ld, T(1), dkb, g.kl.ld);
           tile_gemm<T>(false, false, rows, d, cols, scale, p, cols, kb, g.kl.ld, T(1), dq0 + g.ql.off[b] + i0 * g.ql.ld,
                        g.ql.ld);
@@ -868,6 +888,16 @@ void backward(const geometry& g, const T* q, const T* k, const T* v, const T* o,
 // nothing depends on the thread count. On host backends (one lane) every sum runs in index order. The tiling of
 // the host kernels is not reproduced: results agree with them to rounding, not bitwise. Segment ids are read
 // per element inside the kernels (never on the host).
+
+/// A scaled score soft-capped to c * tanh(s / c) when c > 0 (else s unchanged), with the cap's derivative in `dc`.
+template <class T>
+KOKKOS_INLINE_FUNCTION T soft_capped(T s, T c, T& dc) {
+  dc = T(1);
+  if (!(c > T(0))) return s;
+  const T th = haliax::detail::math::tanh(s / c);
+  dc = T(1) - th * th;
+  return c * th;
+}
 
 /// The per-batch-element offsets of an operand (`operand_layout::off`), copied into the arrays' memory space.
 using offset_table = Kokkos::View<std::int64_t*, memory_space>;
@@ -973,6 +1003,7 @@ void forward_portable(const geometry& g, const T* q, const T* k, const T* v, T* 
   const std::int32_t* kseg = g.kseg;
   const portable_mask mask = mask_of(g);
   const T ninf = -std::numeric_limits<T>::infinity();
+  const T cap = static_cast<T>(g.soft_cap);
   Kokkos::parallel_for(
       "haliax::nn::flash_attention(forward)", row_policy(rows), KOKKOS_LAMBDA(const portable_member& t) {
         namespace math = haliax::detail::math;
@@ -990,7 +1021,8 @@ void forward_portable(const geometry& g, const T* q, const T* k, const T* v, T* 
         for (std::int64_t j = mask.key_lo(i); j < hi; ++j) {
           if (qseg != nullptr && kseg[b * nk + j] != id) continue;
           const T* vj = vb0 + j * vld;
-          const T s = lane_dot<T>(t, qi, kb0 + j * kld, d) * scale;
+          T dc;
+          const T s = soft_capped(lane_dot<T>(t, qi, kb0 + j * kld, d) * scale, cap, dc);
           if (s > m) {  // new running max: rescale what is there (alpha = 0 for the first visible key)
             const T alpha = math::exp(m - s);
             lane_axpby<T>(t, oi, alpha, vj, T(1), e);
@@ -1038,6 +1070,7 @@ void backward_portable(const geometry& g, const T* q, const T* k, const T* v, co
   const std::int32_t* kseg = g.kseg;
   const portable_mask mask = mask_of(g);
   const T ninf = -std::numeric_limits<T>::infinity();
+  const T cap = static_cast<T>(g.soft_cap);
 
   Kokkos::View<T*, memory_space> delta_view(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("haliax::nn::flash_attention(delta)")), qrows);
@@ -1072,8 +1105,9 @@ void backward_portable(const geometry& g, const T* q, const T* k, const T* v, co
         for (std::int64_t j = mask.key_lo(i); j < hi; ++j) {
           if (qseg != nullptr && kseg[b * nk + j] != id) continue;
           const T* kj = kb0 + j * kld;
-          const T p = math::exp(lane_dot<T>(t, qi, kj, d) * scale - li);
-          const T ds = p * (lane_dot<T>(t, doi, vb0 + j * vld, e) - di);
+          T dc;
+          const T p = math::exp(soft_capped(lane_dot<T>(t, qi, kj, d) * scale, cap, dc) - li);
+          const T ds = p * (lane_dot<T>(t, doi, vb0 + j * vld, e) - di) * dc;
           lane_axpy<T>(t, dqi, kj, ds, d);
         }
         lane_scale<T>(t, dqi, scale, d);
@@ -1101,8 +1135,9 @@ void backward_portable(const geometry& g, const T* q, const T* k, const T* v, co
             if (li == ninf) continue;
             const T* qi = q + qoff[b] + i * qld;
             const T* doi = dout + ooff[b] + i * old;
-            const T p = math::exp(lane_dot<T>(t, qi, kj, d) * scale - li);
-            const T ds = p * (lane_dot<T>(t, doi, vj, e) - delta[b * nq + i]);
+            T dc;
+            const T p = math::exp(soft_capped(lane_dot<T>(t, qi, kj, d) * scale, cap, dc) - li);
+            const T ds = p * (lane_dot<T>(t, doi, vj, e) - delta[b * nq + i]) * dc;
             lane_axpy<T>(t, dvj, doi, p, e);
             lane_axpy<T>(t, dkj, qi, ds, d);
           }
@@ -1189,6 +1224,12 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
   g.causal = opts.causal;
   g.window = opts.sliding_window;
   g.offset = opts.q_start - opts.k_start;
+  if (opts.logits_soft_cap) {
+    if (!(*opts.logits_soft_cap > 0))
+      throw std::invalid_argument(std::string(label) + ": logits_soft_cap must be positive, got " +
+                                  std::to_string(*opts.logits_soft_cap));
+    g.soft_cap = *opts.logits_soft_cap;
+  }
 
   // Segment ids, packed to [batch..., Pos] and [batch..., KPos] with q's batch axes in the kernels' order
   // (missing batch axes broadcast: the key ids too are per q element); the log-sum-exp is kept in the first

@@ -83,15 +83,24 @@ template <class M>
 concept HfConvertible = requires { hf_adapter<M>::model_type; };
 
 namespace detail {
-std::string layer_name(const std::string& pattern, std::int64_t i);
+/// `pattern` with "{i}" replaced by layer i and "{e}" by expert e.
+std::string layer_name(const std::string& pattern, std::int64_t i, std::int64_t e = 0);
 /// Writes `json_text` as config.json in `dir` atomically. Throws error.
 void write_config_json(const std::string& dir, const std::string& json_text);
 /// Refuses a directory whose model_type is not `want`.
 void check_model_type(const hf_dir& d, std::string_view want);
 /// Puts a leaf's host copy into `out` by HF name; a stacked leaf (`pattern` with "{i}", `layers` its first axis)
-/// becomes one tensor per layer.
+/// becomes one tensor per layer, and one per layer and expert with "{e}" too (`experts` its second axis).
 void host_copy(const std::string& name, const float* data, std::size_t n, const std::string& pattern,
-               std::int64_t layers, std::map<std::string, std::vector<float>>& out);
+               std::int64_t layers, std::map<std::string, std::vector<float>>& out, std::int64_t experts = 1);
+/// A leaf's second axis (the experts of a stacked expert weight), 1 for a leaf of rank below 2.
+template <class L>
+std::int64_t second_axis(const L& leaf) {
+  if constexpr (L::rank >= 2)
+    return leaf.sizes()[1];
+  else
+    return 1;
+}
 /// check_model_config (compat/hf_json.hpp) with adapter `A`'s key names (`A::hf_keys()`, when it has them).
 template <class A, class C>
 void check_hf_model_config(const C& c, const std::string& where) {
@@ -239,10 +248,13 @@ void load(const hf_dir& d, M& m, const typename M::config_type& c) {
       } else {
         all.reserve(n);
         const std::int64_t layers = leaf.sizes()[0];  // a stacked leaf's first axis is its layers
-        for (std::int64_t i = 0; i < layers; ++i) {
-          auto part = read(detail::layer_name(pattern, i), n / static_cast<std::size_t>(layers));
-          all.insert(all.end(), part.begin(), part.end());
-        }
+        // with "{e}", its second axis is its experts: one tensor per layer and expert
+        const std::int64_t experts = pattern.find("{e}") == std::string::npos ? 1 : detail::second_axis(leaf);
+        for (std::int64_t i = 0; i < layers; ++i)
+          for (std::int64_t e = 0; e < experts; ++e) {
+            auto part = read(detail::layer_name(pattern, i, e), n / static_cast<std::size_t>(layers * experts));
+            all.insert(all.end(), part.begin(), part.end());
+          }
       }
       auto fresh = L::allocate(leaf.sizes(), "hf::load");
       Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> host(all.data(), all.size());
@@ -280,7 +292,8 @@ std::vector<std::string> save(const M& m, const typename M::config_type& c, std:
     using L = std::remove_cvref_t<decltype(leaf)>;
     if constexpr (std::is_same_v<typename L::value_type, float>) {
       const auto host = leaf.to_host();
-      detail::host_copy(name, host.data(), host.size(), A::hf_name(name), leaf.sizes()[0], ours);
+      detail::host_copy(name, host.data(), host.size(), A::hf_name(name), leaf.sizes()[0], ours,
+                        detail::second_axis(leaf));
     }
   });
   std::vector<safetensors::tensor_to_write> tensors;

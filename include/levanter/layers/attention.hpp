@@ -48,16 +48,18 @@ struct attention_spec {
 
 /// Causal attention of `q` {batch, position, heads..., head_size} over `k` and `v` {batch, key_position, heads...,
 /// head_size} within the segments of `segments` {batch, position}. Keys and values may lack query head axes
-/// (grouped-query attention: they are shared). The result has q's axes. The blocked kernels serve the plain case;
-/// soft-capping, dropout and the vanilla backend take the plain form (which the kernels do not do yet).
+/// (grouped-query attention: they are shared). The result has q's axes. The blocked kernels serve the default
+/// backend, soft-capping included; dropout and the vanilla backend take the plain form (which the kernels do not do
+/// yet).
 template <class AxQ, class AxK, class AxV>
 hax::named_array<float, AxQ> attention(const hax::named_array<float, AxQ>& q, const hax::named_array<float, AxK>& k,
                                        const hax::named_array<float, AxV>& v, const token_batch& segments,
                                        const attention_spec& s) {
   namespace nn = haliax::nn;
-  if (s.backend == attention_backend::blocked && !s.logits_soft_cap && s.dropout == 0) {
+  if (s.backend == attention_backend::blocked && s.dropout == 0) {
     nn::flash_attention_options fo;
     fo.scale = s.scale;
+    fo.logits_soft_cap = s.logits_soft_cap;
     fo.sliding_window = s.sliding_window;
     if (s.block_size) fo.block_q = fo.block_k = *s.block_size;
     return nn::flash_attention(q, k, v, Pos, KeyPos, HeadSize, segments, hax::rename(segments, Pos, KeyPos), fo);

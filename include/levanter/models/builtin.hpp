@@ -16,5 +16,5 @@
 // clang-format off
 #define LEVANTER_BUILTIN_MODELS(X)                   \
   X(gpt2::LMHeadModel, Gpt2Config, gpt2, Gpt2Config) \
-  X(llama::LMHeadModel, LlamaConfig, llama, LlamaConfig, MistralConfig, QwenConfig, Qwen3Config, GemmaConfig, Gemma2Config, Gemma3Config, Olmo2Config)
+  X(llama::LMHeadModel, LlamaConfig, llama, LlamaConfig, MistralConfig, QwenConfig, Qwen3Config, GemmaConfig, Gemma2Config, Gemma3Config, Olmo2Config, MixtralConfig)
 // clang-format on

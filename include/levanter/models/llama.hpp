@@ -9,6 +9,9 @@
 // attention never copies K/V per query head (haliax flash attention reads the shared heads). o_proj reads the
 // flattened {heads, head_size} with heads = kv_head * q_heads_per_group + group, the order of Hugging Face's.
 //
+// Mixtral is this model with a mixture of experts in place of each MLP (upstream mixtral.py reuses Llama's attention
+// and embedding).
+//
 // Gemma, Gemma 2, Gemma 3 and OLMo 2 are this model too (upstream's gemma.py and olmo.py reuse Llama's attention,
 // MLP and embedding): their config (llama_config.hpp) turns on (1 + weight) norms, the embedding scale, the four-norm
 // layer, soft-capping and local layers (Gemma), post-norm layers and whole-projection QK norms (OLMo 2).
@@ -23,8 +26,10 @@
 #include <boost/hana/define_struct.hpp>
 #include <haliax/nn/embedding.hpp>
 #include <haliax/nn/linear.hpp>
+#include <haliax/nn/moe.hpp>
 #include <haliax/nn/normalization.hpp>
 #include <haliax/nn/stacked.hpp>
+#include <levanter/layers/moe.hpp>
 #include <levanter/models/llama_config.hpp>
 #include <levanter/models/lm.hpp>
 
@@ -80,15 +85,36 @@ struct LlamaMlp {
   BOOST_HANA_DEFINE_STRUCT(LlamaMlp, (in_t, gate_proj), (in_t, up_proj), (out_t, down_proj));
 };
 
+/// Upstream MixtralMoEMlp: the routed experts' SwiGLU, w2(act(w1(x)) * w3(x)), each of w1 (gate), w3 (up) and w2
+/// (down) one MoELinear over the experts (Hugging Face's experts.{e}.w1 / w3 / w2).
+template <class Pre = axes<>>
+struct MoeMlp {
+  static constexpr std::string_view class_name = "MixtralMoEMlp";
+  using in_t = nn::MoELinear<Experts, axes<Embed>, levanter::mlp_axes, Pre>;
+  using out_t = nn::MoELinear<Experts, levanter::mlp_axes, axes<Embed>, Pre>;
+  BOOST_HANA_DEFINE_STRUCT(MoeMlp, (in_t, w1), (out_t, w2), (in_t, w3));
+};
+
+/// Upstream MixtralSparseMoeBlock: the router (`gate`, {experts, embed}) and the experts.
+template <class Pre = axes<>>
+struct SparseMoeBlock {
+  static constexpr std::string_view class_name = "MixtralSparseMoeBlock";
+  using gate_t = Linear<axes<Embed>, axes<Experts>, Pre>;
+  BOOST_HANA_DEFINE_STRUCT(SparseMoeBlock, (gate_t, gate), (MoeMlp<Pre>, experts));
+};
+
 /// Upstream LlamaDecoderLayer (hybrid_norm adds post_attn_layernorm and post_mlp_layernorm), Gemma2DecoderLayer
 /// (Gemma 2 and 3: post_attention_layernorm follows attention, pre_feedforward_layernorm and
 /// post_feedforward_layernorm surround the MLP) and Olmo2DecoderLayer (no input_layernorm: post_attention_layernorm
-/// and post_feedforward_layernorm follow the sublayers); upstream's and Hugging Face's names.
+/// and post_feedforward_layernorm follow the sublayers); upstream's and Hugging Face's names. Mixtral's layer
+/// (MixtralDecoderLayer) has block_sparse_moe and, with shared experts, shared_mlp in place of mlp.
 template <class Pre = axes<>>
 struct DecoderLayer {
   static constexpr std::string_view class_name = "LlamaDecoderLayer";
   using norm_t = nn::RmsNorm<Embed, Pre>;
-  BOOST_HANA_DEFINE_STRUCT(DecoderLayer, (Attention<Pre>, self_attn), (LlamaMlp<Pre>, mlp),
+  BOOST_HANA_DEFINE_STRUCT(DecoderLayer, (Attention<Pre>, self_attn), (std::optional<LlamaMlp<Pre>>, mlp),
+                           (std::optional<SparseMoeBlock<Pre>>, block_sparse_moe),
+                           (std::optional<LlamaMlp<Pre>>, shared_mlp),
                            (std::optional<norm_t>, input_layernorm),
                            (norm_t, post_attention_layernorm), (std::optional<norm_t>, post_attn_layernorm),
                            (std::optional<norm_t>, post_mlp_layernorm), (std::optional<norm_t>, pre_feedforward_layernorm),
@@ -113,6 +139,11 @@ struct Embeddings {
 /// within segments.
 hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, const token_batch& segments,
                  std::int64_t layer);
+
+/// Mixtral's sparse mixture of experts over {batch, position, embed}: routing (layers/moe.hpp), the experts as grouped
+/// matmuls over the tokens sorted by expert, the weighted sum back; records layer `layer`'s auxiliary losses in `aux`.
+hidden sparse_moe(const SparseMoeBlock<>& m, const LlamaConfig& cfg, const hidden& x, std::int64_t layer,
+                  lm_aux* aux);
 
 /// Upstream LlamaLMHeadModel (and Mistral/Qwen/Qwen3LMHeadModel).
 struct LMHeadModel {
@@ -174,6 +205,10 @@ struct model_of<Gemma3Config> {
 };
 template <>
 struct model_of<Olmo2Config> {
+  using type = llama::LMHeadModel;
+};
+template <>
+struct model_of<MixtralConfig> {
   using type = llama::LMHeadModel;
 };
 

@@ -19,6 +19,10 @@
 //   olmo2    (Olmo2Config, `type: olmo2`) post-norm sublayers: x + post_attention_layernorm(attn(x)), then
 //            x + post_feedforward_layernorm(mlp(x)), no input norm; RMSNorms of the whole query and key projections
 //            (over heads x head_dim, before RoPE)
+//   mixtral  (MixtralConfig, `type: mixtral`) a sparse mixture-of-experts block in place of the MLP: a router
+//            (`gate`) picks num_experts_per_tok of n_routed_experts SwiGLU experts per token, their outputs weighted
+//            by the renormalised router probabilities; optional always-on shared experts; the load-balancing loss
+//            (lbl_coef) and router z-loss (rzl_coef) are added to the loss
 #pragma once
 
 #include <cmath>
@@ -82,7 +86,7 @@ haliax::nn::rope_spec rope_spec_of(const RopeChoice& r);
 // ---- model: -----------------------------------------------------------------------------------------------
 
 /// Which member of the family a config describes (see the header comment).
-enum class llama_family { llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3, olmo2 };
+enum class llama_family { llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3, olmo2, mixtral };
 
 /// `model: {type: llama, ...}`, upstream LlamaConfig; the base of the other three.
 struct LlamaConfig {
@@ -125,6 +129,15 @@ struct LlamaConfig {
   std::optional<double> final_logit_softcapping;  ///< logits c * tanh(z / c)
   std::optional<int> sliding_window_pattern;      ///< gemma3: every p-th layer global, the others local
   double rope_local_base_freq = 10000.0;          ///< gemma3: the RoPE base of local layers
+  // mixture of experts (mixtral)
+  int num_experts_per_tok = 2;       ///< experts each token is routed to (top-k)
+  int n_routed_experts = 8;          ///< routed experts per layer
+  int n_shared_experts = 0;          ///< always-on experts (one SwiGLU of n_shared_experts x intermediate_dim)
+  std::optional<double> lbl_coef;    ///< weight of the load-balancing loss (none: not computed)
+  std::optional<double> rzl_coef;    ///< weight of the router z-loss (none: not computed)
+
+  /// Whether the layers have a mixture-of-experts block in place of the MLP (Mixtral).
+  bool moe() const { return family == llama_family::mixtral; }
 
   /// Whether this is Gemma, Gemma 2 or Gemma 3.
   bool gemma() const {
@@ -278,6 +291,24 @@ struct Olmo2Config : LlamaConfig {
   }
 };
 
+/// `model: {type: mixtral}` (upstream MixtralConfig's defaults: Mixtral 8x7B; no sliding window, as upstream's
+/// attention).
+struct MixtralConfig : LlamaConfig {
+  static constexpr std::string_view type_name = "mixtral";
+  static constexpr std::string_view hf_model_type = "mixtral";
+  MixtralConfig() {
+    family = llama_family::mixtral;
+    seq_len = 8192;
+    intermediate_dim = 14336;
+    num_kv_heads = 8;
+    layer_norm_epsilon = 1e-6;
+    flash_attention_block_size = 2048;
+    lbl_coef = 0.01;
+    rzl_coef = 0.001;
+    reference_checkpoint = "mistralai/Mixtral-8x7B-v0.1";
+  }
+};
+
 /// Adds every problem of a Llama-family `model:` section to `v` (keys under `model.`).
 void validate(config::validator& v, const LlamaConfig& m);
 
@@ -417,6 +448,18 @@ struct levanter::config::schema<levanter::Olmo2Config> {
       field("attention_bias", &T::attention_bias, "biases in the attention projections (false only here)"));
 };
 
+template <>
+struct levanter::config::schema<levanter::MixtralConfig> {
+  using T = levanter::MixtralConfig;
+  static constexpr auto fields = std::make_tuple(
+      LEVANTER_LLAMA_COMMON_FIELDS_(T), field("sliding_window", &T::sliding_window, "attention window of every layer"),
+      field("num_experts_per_tok", &T::num_experts_per_tok, "experts each token is routed to (top-k)"),
+      field("n_routed_experts", &T::n_routed_experts, "routed experts per layer"),
+      field("n_shared_experts", &T::n_shared_experts, "always-on experts beside the routed ones"),
+      field("lbl_coef", &T::lbl_coef, "weight of the load-balancing loss (null: none)"),
+      field("rzl_coef", &T::rzl_coef, "weight of the router z-loss (null: none)"));
+};
+
 // The YAML machinery of these sections is compiled once, in src/models/llama_config.cpp.
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::LlamaConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::MistralConfig)
@@ -426,3 +469,4 @@ LEVANTER_CONFIG_SECTION_EXTERN(levanter::GemmaConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::Gemma2Config)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::Gemma3Config)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::Olmo2Config)
+LEVANTER_CONFIG_SECTION_EXTERN(levanter::MixtralConfig)

@@ -10,7 +10,7 @@
 //
 // config.json is written as transformers 5 writes it (`rope_parameters` with `rope_theta` inside); reading also
 // accepts transformers 4's `rope_theta` + `rope_scaling`. The config's `type:` decides which model_type a
-// directory must have (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, olmo2). OLMo 2's whole-projection
+// directory must have (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, olmo2, mixtral). OLMo 2's whole-projection
 // QK norms (our q_proj_norm / k_proj_norm) are its self_attn.q_norm / k_norm.
 #pragma once
 
@@ -33,7 +33,7 @@ struct hf_adapter<llama::LMHeadModel> {
   /// Every model_type of the family is read; from_hf_config then checks it against the config's `type:`.
   static bool reads_model_type(std::string_view t) {
     return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "gemma" || t == "gemma2" ||
-           t == "gemma3_text" || t == "olmo2";
+           t == "gemma3_text" || t == "olmo2" || t == "mixtral";
   }
   /// The config.json model_type of a config.
   static std::string_view model_type_of(const LlamaConfig& c);

@@ -14,14 +14,17 @@
 
 #include <concepts>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <boost/hana/concept/struct.hpp>
 #include <haliax/core.hpp>
 #include <haliax/nn/stacked.hpp>
+#include <haliax/ops/elementwise.hpp>
 #include <haliax/random.hpp>
 #include <levanter/models/matmul_shape.hpp>
 
@@ -72,11 +75,43 @@ struct lm_example {
   static lm_example causal(const token_batch& tokens, std::int64_t eos_id, std::int64_t ignore_id = -100);
 };
 
+/// The auxiliary losses a forward pass computed besides the hidden states (Mixtral's load-balancing loss and router
+/// z-loss, already weighted by their coefficients), per layer. A layer writes its own entry, so a layer that gradient
+/// checkpointing recomputes writes the same values again. Their gradients flow inside the model
+/// (levanter/layers/moe.hpp); the loss adds their values.
+struct lm_aux {
+  std::vector<double> load_balancing;             ///< per layer (upstream train/load_balancing_loss is the sum)
+  std::vector<double> router_z;                   ///< per layer (upstream train/router_z_loss is the sum)
+  std::vector<std::vector<double>> expert_loads;  ///< per layer, each expert's share of the routed rows
+
+  /// Records layer `i` of `layers`.
+  void set(std::int64_t i, std::int64_t layers, double lbl, double rzl, std::vector<double> loads) {
+    const auto n = static_cast<std::size_t>(layers), at = static_cast<std::size_t>(i);
+    if (load_balancing.size() != n) {
+      load_balancing.assign(n, 0.0);
+      router_z.assign(n, 0.0);
+      expert_loads.assign(n, {});
+    }
+    load_balancing[at] = lbl;
+    router_z[at] = rzl;
+    expert_loads[at] = std::move(loads);
+  }
+  /// What the loss adds: every layer's weighted losses, summed in layer order.
+  double total() const {
+    double s = 0;
+    for (std::size_t i = 0; i < load_balancing.size(); ++i) s += load_balancing[i] + router_z[i];
+    return s;
+  }
+};
+
 /// What a forward pass needs besides the parameters.
 struct forward_options {
   bool inference = true;     ///< dropout off
   hax::random::key key{};    ///< dropout key (training)
   hax::nn::checkpoint_policy checkpointing = hax::nn::checkpoint_policy::none;
+  /// Where a model with auxiliary losses records them (compute_next_token_loss sets it). Shared: a layer that
+  /// gradient checkpointing recomputes in the backward pass, after the forward call returned, writes it again.
+  std::shared_ptr<lm_aux> aux;
 };
 
 /// How the next-token loss is computed (upstream `compute_next_token_loss` arguments).
@@ -187,11 +222,17 @@ double recomputed_flops_per_token(const C& c, std::int64_t vocab) {
 }
 
 /// The next-token loss of `m` on `ex` (upstream `compute_next_token_loss(model, example)`).
+/// The model's auxiliary losses (a mixture of experts') are added, as upstream adds the aux loss of `activations`;
+/// pass `o.aux` to read them per layer.
 template <LmModel M>
 scalar compute_next_token_loss(const M& m, const typename M::config_type& c, const lm_example& ex,
                                double z_loss_weight = 0.0, const forward_options& o = {}) {
-  return next_token_loss(m.activations(c, ex.tokens, ex.segment_ids, o), m.get_lm_head(), ex,
-                         loss_options{z_loss_weight, cross_entropy_block_size_of(c), final_logit_soft_cap_of(c)});
+  forward_options fo = o;
+  if (!fo.aux) fo.aux = std::make_shared<lm_aux>();
+  scalar loss = next_token_loss(m.activations(c, ex.tokens, ex.segment_ids, fo), m.get_lm_head(), ex,
+                                loss_options{z_loss_weight, cross_entropy_block_size_of(c), final_logit_soft_cap_of(c)});
+  if (fo.aux->load_balancing.empty()) return loss;
+  return loss + static_cast<float>(fo.aux->total());
 }
 
 /// Logits {batch, position, vocab} (upstream `LmHeadModel.__call__`).

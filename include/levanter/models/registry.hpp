@@ -107,7 +107,6 @@ decltype(auto) with_model(const ModelChoice& choice, F&& f) {
 template <>
 struct levanter::config::unsupported_choices<levanter::ModelChoice> {
   static constexpr auto names = std::to_array<unsupported_choice>({
-      {"mixtral", "use type: mistral (dense) or llama"},
       {"whisper", "use type: gpt2 or llama"}, {"gpt2_hyena", "use type: gpt2"}, {"backpack", "use type: gpt2"},
       {"mpt", "use type: gpt2 or llama"},
   });

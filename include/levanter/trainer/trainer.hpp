@@ -270,6 +270,9 @@ class Trainer {
     double loading_seconds = 0;  ///< of which waiting for batches
     std::int64_t batch_size = 0;
     json watched = json::object();  ///< trainer.watch's metrics
+    /// A mixture of experts' auxiliary losses (weighted, summed over layers), averaged over the global batch's
+    /// micro-batches as the loss is (upstream train/load_balancing_loss and train/router_z_loss)
+    std::optional<double> load_balancing, router_z;
   };
 
   /// One call of train(): the parameters' layout, the checkpointer, the meters and what the hooks last did.
@@ -311,6 +314,8 @@ class Trainer {
     /// gradients and parameters as the step found them, updates and optimizer state after it).
     step_output take_step(std::int64_t step) {
       step_output out;
+      bool collect_aux = false, has_aux = false;
+      double aux_lbl = 0, aux_rzl = 0;
       const auto t0 = out.started = std::chrono::steady_clock::now();
       out.batch_size = t_.train_batch_size.at(step);
       const std::int64_t local = tr_.plan_.local_batch(step);  // this rank's examples: [offset + rank * local, + local)
@@ -334,11 +339,20 @@ class Trainer {
         fo.inference = false;
         fo.key = haliax::random::fold_in(step_key, static_cast<std::uint32_t>(drank * micro + k));
         fo.checkpointing = tr_.opts_.checkpointing;
+        fo.aux = std::make_shared<lm_aux>();
         auto [loss, g] = haliax::value_and_grad([&](const M& p) { return tr_.loss_(p, *ex, fo); })(model);
+        if (collect_aux && !fo.aux->load_balancing.empty()) {  // micro-batches in order on every rank
+          has_aux = true;
+          for (std::size_t i = 0; i < fo.aux->load_balancing.size(); ++i) {
+            aux_lbl += fo.aux->load_balancing[i];
+            aux_rzl += fo.aux->router_z[i];
+          }
+        }
         return {std::move(g), loss.item()};
       };
       const bool watch_now = t_.watch.enabled() && step % t_.watch.interval == 0;
       std::optional<M> grads;
+      collect_aux = true;
       double loss_sum = 0;
       {
         // Tensor parallelism: the Linear layers sum over the model group while this step's gradients are taken.
@@ -347,6 +361,16 @@ class Trainer {
         std::tie(grads, loss_sum) = layout_.gradients(micro, micro_batch);
       }
       out.loss = layout_.reduce(grads, loss_sum, micro, watch_now && watching("grads"));
+      collect_aux = false;  // not the Hessian products' forward passes
+      if (has_aux) {
+        const double parts = double(micro) * double(tr_.data_->size());
+        if (tr_.data_->size() > 1) {
+          aux_lbl = distributed::allreduce_sum(*tr_.data_, aux_lbl);
+          aux_rzl = distributed::allreduce_sum(*tr_.data_, aux_rzl);
+        }
+        out.load_balancing = aux_lbl / parts;
+        out.router_z = aux_rzl / parts;
+      }
       tr_.reduce_bytes_ = sent() - step_sent0;
       check_finite(out.loss, "train/loss", step, t_.crash_on_nan, t_.crash_on_inf);
 
@@ -382,6 +406,8 @@ class Trainer {
                       {"optim/grad_norm", out.stats.grad_norm},
                       {"run_progress", double(step) / double(t_.num_train_steps)}};
       if (out.stats.skipped) metrics["optim/skipped_step"] = 1;
+      if (out.load_balancing) metrics["train/load_balancing_loss"] = *out.load_balancing;
+      if (out.router_z) metrics["train/router_z_loss"] = *out.router_z;
       const std::int64_t tokens = out.batch_size * tr_.opts_.tokens_per_example;
       const json perf = meter_.on_step(tokens, out.batch_size, out.seconds);
       for (const auto& el : perf.items()) metrics[el.key()] = el.value();
@@ -579,12 +605,12 @@ class Trainer {
     return m;
   }
 
-  // The axis names of M's parameters (static per leaf type, so a default-constructed M answers).
+  // The axis names M's parameters can have (from the leaf types, optional ones included: a Llama's MLP or a
+  // Mixtral's experts).
   static std::set<std::string> model_axes() {
     std::set<std::string> names;
-    const M m{};
-    haliax::tree::for_each_leaf(m, [&](const std::string&, const auto& leaf) {
-      for (const auto& n : leaf.axis_names()) names.insert(std::string(n));
+    haliax::tree::for_each_leaf_type<M>([&](const auto& axis_names) {
+      for (const auto& n : axis_names) names.insert(std::string(n));
     });
     return names;
   }
