@@ -47,11 +47,12 @@ qkv<T> random_qkv(unsigned seed, std::int64_t b, std::int64_t p, std::int64_t n,
 using allowed_fn = std::function<bool(std::int64_t b, std::int64_t i, std::int64_t j)>;
 
 /// Attention in double by loops: q [B, P, H, D], k and v [B, N, H, D] -> [B, P, H, D]; masked scores -1e9;
-/// scaled scores soft-capped to cap * tanh(s / cap) when cap > 0.
+/// scaled scores soft-capped to cap * tanh(s / cap) when cap > 0. With `sinks` [H], each row's softmax has one more
+/// logit, the head's sink (capped too), whose value is zero.
 inline std::vector<double> reference(const std::vector<double>& q, const std::vector<double>& k,
                                      const std::vector<double>& v, std::int64_t B, std::int64_t P, std::int64_t N,
                                      std::int64_t H, std::int64_t D, double scale, const allowed_fn& allowed,
-                                     double cap = 0) {
+                                     double cap = 0, const std::vector<double>* sinks = nullptr) {
   std::vector<double> out(static_cast<std::size_t>(B * P * H * D), 0.0);
   std::vector<double> s(static_cast<std::size_t>(N));
   for (std::int64_t b = 0; b < B; ++b)
@@ -67,7 +68,13 @@ inline std::vector<double> reference(const std::vector<double>& q, const std::ve
           s[static_cast<std::size_t>(j)] = allowed(b, i, j) ? sc : -1e9;
           mx = std::max(mx, s[static_cast<std::size_t>(j)]);
         }
-        double z = 0;
+        double sink = 0;
+        if (sinks) {
+          sink = (*sinks)[static_cast<std::size_t>(h)];
+          if (cap > 0) sink = cap * std::tanh(sink / cap);
+          mx = std::max(mx, sink);
+        }
+        double z = sinks ? std::exp(sink - mx) : 0.0;
         for (auto& x : s) z += (x = std::exp(x - mx));
         for (std::int64_t j = 0; j < N; ++j)
           for (std::int64_t c = 0; c < D; ++c)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every model family through every door: for each transformers-written golden directory (GPT-2, Llama, Mistral with a
-# window, Qwen2 with windows from max_window_layers on, Qwen3, Gemma, Gemma 2, Gemma 3, OLMo 2), eval_lm on the Hugging Face directory, on its
+# window, Qwen2 with windows from max_window_layers on, Qwen3, Gemma, Gemma 2, Gemma 3 (text-only and multimodal), OLMo 2,
+# Mixtral), eval_lm on the Hugging Face directory, on its
 # import_hf_to_lm checkpoint and on that checkpoint's export_lm_to_hf directory must print the same loss;
 # viz_logprobs must draw the directory (model.type from config.json, and with the family's type given) and the
 # imported checkpoint with the same mean log-prob; the export keeps every config.json field the import read; and
@@ -47,6 +48,8 @@ families="$golden/hf_gpt2_tiny:gpt2 $golden/hf_llama/llama_mha:llama $golden/hf_
 families+=" $golden/hf_llama/qwen2_sw:qwen $PWD/qwen2_off:qwen $golden/hf_llama/qwen3:qwen3"
 families+=" $golden/hf_llama/gemma_mqa:gemma $golden/hf_llama/gemma2_softcap:gemma2 $golden/hf_llama/gemma3_local:gemma3"
 families+=" $golden/hf_llama/olmo2_gqa:olmo2 $golden/hf_llama/mixtral_top2:mixtral"
+# a multimodal Gemma 3 (Gemma3ForConditionalGeneration): its language model, read from text_config
+families+=" $golden/hf_llama/gemma3_multimodal:gemma3"
 for entry in $families; do
   dir=${entry%%:*} type=${entry##*:}
   name=$(basename "$dir")
@@ -66,8 +69,10 @@ for entry in $families; do
   same "$name: eval_lm on the HF directory vs the imported checkpoint" "$(loss_of "$name.eval_hf")" \
        "$(loss_of "$name.eval_ck")"
   same "$name: eval_lm on the HF directory vs the export" "$(loss_of "$name.eval_hf")" "$(loss_of "$name.eval_ex")"
-  # What the import read, the export writes (the export may add keys; none it shares may change).
-  while read -r kv; do
+  # What the import read, the export writes (the export may add keys; none it shares may change). A multimodal
+  # wrapper's export is its language model alone (model_type gemma3_text): compared through eval_lm above.
+  grep -q '"model_type": "gemma3",' "$dir/config.json" && multimodal=1 || multimodal=0
+  [ $multimodal = 1 ] || while read -r kv; do
     grep -qxF -- "$kv" <(arch_keys "ex_$name/config.json") ||
       fail "$name: the export's config.json lost or changed $kv (has: $(arch_keys "ex_$name/config.json" | tr '\n' ' '))"
   done < <(arch_keys "$dir/config.json" | grep -v '"rope_theta"')

@@ -1,4 +1,5 @@
-// Tests for haliax/nn/attention.hpp: masks (exact values) and plain attention against a double-precision loop.
+// Tests for haliax/nn/attention.hpp: masks (exact values) and plain attention (with soft caps and learned sinks)
+// against a double-precision loop.
 // Flash attention is tested in test_flash_attention.cpp.
 #include "attention_helpers.hpp"
 
@@ -160,4 +161,60 @@ TEST_CASE("dot_product_attention: value head axis differs from Key, and float ma
   auto vh = host(v), yh = host(y);
   for (std::int64_t h = 0; h < H; ++h)
     for (std::int64_t e = 0; e < E; ++e) CHECK(yh[h * E + e] == doctest::Approx(vh[h * E + e]).epsilon(1e-12));
+}
+
+namespace {
+using sink_array = named_array<double, axes<Head>>;
+/// q, k, v and one sink per head, differentiated together.
+struct qkv_sinks {
+  BOOST_HANA_DEFINE_STRUCT(qkv_sinks, (q_array<double>, q), (kv_array<double>, k), (kv_array<double>, v),
+                           (sink_array, sinks));
+};
+}  // namespace
+
+TEST_CASE("dot_product_attention_with_sink: upstream's case, a double loop, limits and finite differences") {
+  // upstream's test_attention_sink: zero q and k, v of ones, a zero sink: two keys and the sink share the weight
+  {
+    const auto q = hax::zeros<double>(1 * Batch, 2 * Pos, 1 * Head, 1 * Key);
+    const auto k = hax::zeros<double>(1 * Batch, 2 * KPos, 1 * Head, 1 * Key);
+    const auto v = hax::ones<double>(1 * Batch, 2 * KPos, 1 * Head, 1 * Key);
+    const auto every = nn::causal_mask(2 * Pos, 2 * KPos, 2);  // offset 2: every key visible
+    const auto y = nn::dot_product_attention_with_sink(q, k, v, hax::zeros<double>(1 * Head), KPos, Key, every);
+    for (double x : host(y)) CHECK(x == doctest::Approx(2.0 / 3).epsilon(1e-14));
+  }
+  const std::int64_t B = 2, P = 5, N = 5, H = 3, D = 4;
+  auto x = random_qkv<double>(31, B, P, N, H, D, 2.0);
+  auto q = host(x.q), k = host(x.k), v = host(x.v);
+  const std::vector<double> s = {-1.5, 0.3, 2.5};
+  const auto sinks = hax::from_host(s, H * Head);
+  auto causal = [](auto, auto i, auto j) { return j <= i; };
+  const auto mask = nn::causal_mask(P * Pos, N * KPos);
+  for (double cap : {0.0, 1.5}) {
+    CAPTURE(cap);
+    nn::attention_options o{.scale = 0.4};
+    if (cap > 0) o.logits_soft_cap = cap;
+    const auto y = nn::dot_product_attention_with_sink(x.q, x.k, x.v, sinks, KPos, Key, mask, o);
+    static_assert(std::is_same_v<decltype(y), const q_array<double>>);
+    check_close(host(y), reference(q, k, v, B, P, N, H, D, 0.4, causal, cap, &s), 1e-12, 1e-12);
+    // the weights of a row sum to 1 minus the sink's share
+    const auto w = nn::dot_product_attention_weights_with_sink(x.q, x.k, sinks, KPos, Key, mask, o);
+    const auto sums = hax::sum(w, KPos).to_host();
+    for (double t : sums) CHECK((t > 0 && t < 1));
+  }
+  // a sink far below every score changes nothing; one far above takes all the weight
+  const auto plain = nn::dot_product_attention(x.q, x.k, x.v, KPos, Key, mask);
+  check_close(host(nn::dot_product_attention_with_sink(x.q, x.k, x.v, hax::full<double>(-1e4, H * Head), KPos, Key,
+                                                       mask)),
+              host(plain), 1e-12, 1e-12);
+  for (double y : host(nn::dot_product_attention_with_sink(x.q, x.k, x.v, hax::full<double>(1e3, H * Head), KPos, Key,
+                                                           mask)))
+    CHECK(std::abs(y) < 1e-12);
+  // gradients of q, k, v and the sinks, with the soft cap
+  const qkv_sinks m{x.q, x.k, x.v, sinks};
+  gradcheck::check_output_gradient(
+      [&](const qkv_sinks& a) {
+        return nn::dot_product_attention_with_sink(a.q, a.k, a.v, a.sinks, KPos, Key, mask,
+                                                   {.scale = 0.4, .logits_soft_cap = 1.5});
+      },
+      m);
 }

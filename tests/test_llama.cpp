@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -716,4 +717,128 @@ TEST_CASE("layers::attention: the backends compute the same function, names deco
   CHECK(d1 == layers::attention(q, k, v, segments, drop).to_host());
   drop.dropout_key = r::make_key(8);
   CHECK(max_abs_diff(d1, layers::attention(q, k, v, segments, drop).to_host()) > 1e-3);
+}
+
+namespace {
+using levanter::llama::KVHeads, levanter::llama::QHeadsPerGroup;
+/// The inputs of an attention call with sinks, differentiated together.
+struct sink_inputs {
+  BOOST_HANA_DEFINE_STRUCT(
+      sink_inputs,
+      (hax::named_array<float, hax::axes<levanter::Batch, levanter::Pos, KVHeads, QHeadsPerGroup, levanter::HeadSize>>,
+       q),
+      (hax::named_array<float, hax::axes<levanter::Batch, levanter::KeyPos, KVHeads, levanter::HeadSize>>, k),
+      (hax::named_array<float, hax::axes<levanter::Batch, levanter::KeyPos, KVHeads, levanter::HeadSize>>, v),
+      (hax::named_array<float, hax::axes<KVHeads, QHeadsPerGroup>>, sinks));
+};
+}  // namespace
+
+TEST_CASE("layers::attention with learned sinks equals upstream Levanter's attn_sink, values and gradients") {
+  namespace layers = levanter::layers;
+  using levanter::Batch, levanter::Pos, levanter::KeyPos, levanter::HeadSize;
+  // tests/oracle/gen_attention_sink_golden.py: upstream's dot_product_attention(..., attn_sink=) on its VANILLA
+  // backend; the cases' settings as the generator's CASES
+  h5golden::file f(std::string(HALIAX_GOLDEN_DIR) + "/attention_sink_golden.h5");
+  const std::int64_t B = 2, P = 6, KV = 2, G = 2, D = 4;
+  struct golden_case {
+    const char* name;
+    layers::attention_spec spec;
+  };
+  const golden_case gcases[] = {{"causal", {}}, {"window_softcap", {.scale = 0.4, .logits_soft_cap = 1.5, .sliding_window = 3}}};
+  const auto segments = hax::zeros<std::int32_t>(B * Batch, P * Pos);
+  for (const auto& [name, spec] : gcases) {
+    CAPTURE(name);
+    const std::string g = std::string(name) + "/";
+    const auto q = hax::from_host(f.floats(g + "q"), B * Batch, P * Pos, KV * KVHeads, G * QHeadsPerGroup, D * HeadSize);
+    const auto k = hax::from_host(f.floats(g + "k"), B * Batch, P * KeyPos, KV * KVHeads, D * HeadSize);
+    const auto v = hax::from_host(f.floats(g + "v"), B * Batch, P * KeyPos, KV * KVHeads, D * HeadSize);
+    const auto sinks = hax::from_host(f.floats(g + "sinks"), KV * KVHeads, G * QHeadsPerGroup);
+    const auto w = hax::from_host(f.floats(g + "w"), B * Batch, P * Pos, KV * KVHeads, G * QHeadsPerGroup, D * HeadSize);
+    for (auto backend : {layers::attention_backend::blocked, layers::attention_backend::vanilla}) {
+      auto s = spec;
+      s.backend = backend;
+      {
+        hax::no_grad_guard ng;
+        CHECK(max_abs_diff(layers::attention(q, k, v, segments, s, sinks).to_host(), f.floats(g + "out")) <= 1e-5);
+        // without sinks the result differs (the sinks matter in both cases)
+        CHECK(max_abs_diff(layers::attention(q, k, v, segments, s).to_host(), f.floats(g + "out")) > 1e-2);
+      }
+      const auto grads = hax::grad([&](const sink_inputs& in) {
+        return hax::sum(layers::attention(in.q, in.k, in.v, segments, s, in.sinks) * w);
+      })(sink_inputs{q, k, v, sinks});
+      CHECK(max_abs_diff(grads.q.to_host(), f.floats(g + "grad_q")) <= 1e-5);
+      CHECK(max_abs_diff(grads.k.to_host(), f.floats(g + "grad_k")) <= 1e-5);
+      CHECK(max_abs_diff(grads.v.to_host(), f.floats(g + "grad_v")) <= 1e-5);
+      CHECK(max_abs_diff(grads.sinks.to_host(), f.floats(g + "grad_sinks")) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("gemma3: a multimodal checkpoint's language model imports (text_config, both tensor layouts, defaults)") {
+  // tests/oracle/gen_hf_gemma3_multimodal_golden.py: Gemma3ForConditionalGeneration with a tiny vision tower, saved
+  // by transformers 5.23 (language_model.model.*, as the released checkpoints), and the logits of text-only input
+  h5golden::file f(golden + "/gemma3_multimodal_golden.h5");
+  auto b = golden_batch(f);
+  const auto want = f.floats("logits");
+  auto check_dir = [&](const std::string& dir) {
+    auto d = levanter::hf::open_dir(dir, "test");
+    CHECK(d.model_type == "gemma3_text");
+    CHECK(d.wrapper == "gemma3");
+    CHECK(d.vocab_size == 64);
+    const auto cfg = levanter::hf::config_from_hf<LMHeadModel>(levanter::Gemma3Config{}, d);
+    CHECK(cfg.family == levanter::llama_family::gemma3);
+    CHECK(cfg.num_layers == 7);
+    CHECK(cfg.sliding_window_pattern == 6);
+    CHECK(cfg.rope_local_base_freq == 10000.0);
+    CHECK(cfg.layer_norm_epsilon == 1e-6);
+    CHECK(cfg.tie_word_embeddings);
+    auto model = LMHeadModel::init(cfg, d.vocab_size, hax::random::make_key(0));
+    levanter::hf::load(d, model, cfg);
+    hax::no_grad_guard ng;
+    const auto ours = levanter::lm_logits(model, cfg, b.tokens, b.ex.segment_ids).to_host();
+    CHECK(max_abs_diff(ours, want) <= 1e-5 * std::max(1.0, max_abs(want)));
+  };
+  check_dir(golden + "/gemma3_multimodal");
+
+  // transformers 4.52-4.57's layout (model.language_model.*, model.vision_tower.*) with the text_config transformers
+  // 4.50 wrote (only what differs from Gemma3TextConfig's defaults)
+  const fs::path dir = fs::temp_directory_path() / ("levanter_test_gemma3_mm_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(golden + "/gemma3_multimodal_config_transformers4.json", dir / "config.json");
+  const levanter::safetensors::hf_dir src(golden + "/gemma3_multimodal");
+  std::vector<levanter::safetensors::tensor_to_write> renamed;
+  for (const auto& n : src.names()) {
+    std::string to = n;
+    if (to.starts_with("language_model.model.")) to = "model.language_model." + to.substr(21);
+    else if (to.starts_with("vision_tower.") || to.starts_with("multi_modal_projector.")) to = "model." + to;
+    const auto values = src.read_f32(n);
+    renamed.push_back({to, levanter::safetensors::dtype::F32, src.shape(n),
+                       levanter::safetensors::encode_floats(values, levanter::safetensors::dtype::F32)});
+  }
+  levanter::safetensors::write_file((dir / "model.safetensors").string(), renamed);
+  check_dir(dir.string());
+
+  // a tensor that is neither the language model nor the image side is refused, naming it
+  renamed.push_back({"model.audio_tower.weight", levanter::safetensors::dtype::F32, {2},
+                     levanter::safetensors::encode_floats(std::vector<float>{1, 2}, levanter::safetensors::dtype::F32)});
+  levanter::safetensors::write_file((dir / "model.safetensors").string(), renamed);
+  {
+    auto d = levanter::hf::open_dir(dir.string(), "test");
+    const auto cfg = levanter::hf::config_from_hf<LMHeadModel>(levanter::Gemma3Config{}, d);
+    auto model = LMHeadModel::init(cfg, d.vocab_size, hax::random::make_key(0));
+    CHECK_THROWS_WITH_AS(levanter::hf::load(d, model, cfg), doctest::Contains("model.audio_tower.weight"),
+                         levanter::hf::error);
+  }
+  // a text_config that is not an object, or holds another model, is refused, naming the file
+  auto write_cfg = [&](const std::string& text_config) {
+    std::ofstream(dir / "config.json") << R"({"model_type": "gemma3", "text_config": )" << text_config << "}";
+  };
+  write_cfg("[1, 2]");
+  CHECK_THROWS_WITH_AS(levanter::hf::open_dir(dir.string(), "test"), doctest::Contains("text_config is [1,2]"),
+                       levanter::hf::error);
+  write_cfg(R"({"model_type": "llama"})");
+  CHECK_THROWS_WITH_AS(levanter::hf::open_dir(dir.string(), "test"), doctest::Contains("text_config.model_type"),
+                       levanter::hf::error);
+  fs::remove_all(dir);
 }

@@ -51,6 +51,24 @@ done
 for k in train/load_balancing_loss train/router_z_loss; do
   grep -q "\"$k\"" logs/mixtral/metrics.jsonl || fail "mixtral: no $k in the metrics"
 done
+# and each layer's routing entropy and expert loads (moe/layer{i}/...): the loads of a layer sum to 1, the entropy
+# lies in [0, log(experts)]
+line=$(grep '"event":"log"' logs/mixtral/metrics.jsonl | grep '"train/loss"' | tail -1)
+layers=$(sed -nE 's/.*num_layers: ([0-9]+).*/\1/p' "$repo/config/mixtral_nano.yaml" | head -1)
+experts=$(sed -nE 's/.*n_routed_experts: ([0-9]+).*/\1/p' "$repo/config/mixtral_nano.yaml" | head -1)
+[ -n "$layers" ] && [ -n "$experts" ] || fail "mixtral_nano.yaml: no num_layers or n_routed_experts"
+for ((i = 0; i < layers; i++)); do
+  h=$(grep -oE "\"moe/layer$i/routing_entropy\":[^,}]*" <<< "$line" | cut -d: -f2)
+  [ -n "$h" ] || fail "mixtral: no moe/layer$i/routing_entropy in the metrics"
+  sum=0
+  for ((e = 0; e < experts; e++)); do
+    l=$(grep -oE "\"moe/layer$i/expert${e}_load\":[^,}]*" <<< "$line" | cut -d: -f2)
+    [ -n "$l" ] || fail "mixtral: no moe/layer$i/expert${e}_load in the metrics"
+    sum=$(awk -v a="$sum" -v b="$l" 'BEGIN { printf "%.12f", a + b }')
+  done
+  awk -v s="$sum" -v h="$h" -v n="$experts" 'BEGIN { exit !(s > 0.999999 && s < 1.000001 && h >= 0 && h <= log(n) + 1e-9) }' ||
+    fail "mixtral: layer $i's expert loads sum to $sum and its routing entropy is $h"
+done
 
 # Mixtral's routing is the same at any thread count: 1 and 2 threads give the same losses and the same weights.
 for n in 1 2; do

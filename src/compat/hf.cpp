@@ -91,7 +91,8 @@ hf_dir open_dir(const std::string& path, const std::string& what) {
   if (in.bad()) throw error(what + ": '" + cfg_path.string() + "' cannot be read");
   text.resize(static_cast<std::size_t>(in.gcount()));
   auto c = parse_config_json(text, cfg_path.string(), what);
-  hf_dir d{path, std::move(c.config), c.vocab_size, safetensors::hf_dir(path), std::move(c.model_type)};
+  hf_dir d{path,      std::move(c.config), c.vocab_size, safetensors::hf_dir(path), std::move(c.model_type),
+           c.wrapper};
   return d;
 }
 

@@ -131,14 +131,26 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> adapter::hf_layou
   return out;
 }
 
+std::string adapter::full_name(const hf_dir& d, const std::string& name) {
+  if (d.wrapper != "gemma3") return name;
+  if (d.tensors.find("language_model.model.embed_tokens.weight")) return "language_model." + name;
+  if (name.starts_with("model.")) return "model.language_model." + name.substr(6);
+  return name;  // lm_head.weight
+}
+
 std::string adapter::unused(const hf_dir& d, const std::string& n) {
   if (n.ends_with(".rotary_emb.inv_freq")) return "";  // a buffer older writers stored
-  if (n == "lm_head.weight") {
-    if (d.tensors.read_f32(n) != d.tensors.read_f32("model.embed_tokens.weight"))
-      return "tensor lm_head.weight differs from model.embed_tokens.weight but config.json's tie_word_embeddings "
-             "ties them (set tie_word_embeddings: false)";
+  if (n == full_name(d, "lm_head.weight") || n == "lm_head.weight") {
+    const std::string embed = full_name(d, "model.embed_tokens.weight");
+    if (d.tensors.read_f32(n) != d.tensors.read_f32(embed))
+      return "tensor " + n + " differs from " + embed +
+             " but config.json's tie_word_embeddings ties them (set tie_word_embeddings: false)";
     return "";
   }
+  // a multimodal Gemma 3's image side: the language model does not use it
+  if (d.wrapper == "gemma3")
+    for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."})
+      if (n.starts_with(p)) return "";
   return "unknown";
 }
 

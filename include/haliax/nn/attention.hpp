@@ -301,6 +301,53 @@ auto dot_product_attention(const named_array<T, AxQ>& q, const named_array<T, Ax
   return dot<Out>(dot_product_attention_weights(q, k, kpos, key, mask, opts), v, kpos);
 }
 
+/// Attention weights with a learned sink per head (upstream `dot_product_attention_with_sink`): the softmax over
+/// KPos takes one more logit, `sinks` (soft-capped as the scores are, never scaled or masked), whose value is zero,
+/// so a row's weights sum to 1 - exp(sink - logsumexp of the row and the sink). Upstream appends a zero key and
+/// value and puts the sink in the bias; the same function is computed here without the extra key, as
+/// exp(s - logaddexp(logsumexp_KPos(s), sink)). `sinks` has some of the weights' axes besides KPos (the heads:
+/// upstream's are {kv_head, q_heads_per_group}, float32, zeros at init) and broadcasts over the rest. Gradients
+/// reach q, k and the sinks.
+///   auto w = dot_product_attention_weights_with_sink(q, k, sinks, KPos, Key, causal_mask(n * Pos, n * KPos));
+template <FloatElement T, class AxQ, class AxK, class AxS, class KP, class K, class AxM>
+requires AttentionScoreAxes<AxQ, AxK, KP, K> &&
+    detail::attn::subset_v<detail::attn::list_of<AxM>,
+                           detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>> &&
+    detail::attn::subset_v<detail::attn::list_of<AxS>,
+                           detail::attn::minus<detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>,
+                                               detail::attn::mp::mp_list<std::remove_cvref_t<KP>>>>
+auto dot_product_attention_weights_with_sink(const named_array<T, AxQ>& q, const named_array<T, AxK>& k,
+                                             const named_array<T, AxS>& sinks, KP kpos, K key,
+                                             const named_array<bool, AxM>& mask, attention_options opts = {}) {
+  using W = detail::attn::axes_of<detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>>;
+  const double scale = opts.scale ? *opts.scale : 1.0 / std::sqrt(static_cast<double>(q.size(key)));
+  auto scores = dot<W>(q * scale, k, key);
+  auto sink = sinks;
+  if (opts.logits_soft_cap) {
+    scores = tanh(scores / *opts.logits_soft_cap) * *opts.logits_soft_cap;
+    sink = tanh(sink / *opts.logits_soft_cap) * *opts.logits_soft_cap;
+  }
+  auto masked = where(mask, scores, detail::attn::masked_score);
+  scores = {};
+  const auto normaliser = logaddexp(logsumexp(masked, kpos), sink);  // the weights' axes without KPos
+  return exp(masked - normaliser);
+}
+
+/// `dot_product_attention` with a learned sink per head (upstream `dot_product_attention_with_sink`): the weights
+/// of `dot_product_attention_weights_with_sink` contracted with `v` over KPos (the sink's value is zero).
+///   auto y = dot_product_attention_with_sink(q, k, v, sinks, KPos, Key, causal_mask(n * Pos, n * KPos));
+///   // q {batch, pos, kv_head, group, key}, sinks {kv_head, group} -> q's axes
+template <FloatElement T, class AxQ, class AxK, class AxV, class AxS, class KP, class K, class AxM>
+requires AttentionAxes<AxQ, AxK, AxV, KP, K> &&
+    detail::attn::subset_v<detail::attn::list_of<AxM>, detail::attn::weights_list<AxQ, AxK, std::remove_cvref_t<K>>>
+auto dot_product_attention_with_sink(const named_array<T, AxQ>& q, const named_array<T, AxK>& k,
+                                     const named_array<T, AxV>& v, const named_array<T, AxS>& sinks, KP kpos, K key,
+                                     const named_array<bool, AxM>& mask, attention_options opts = {}) {
+  using Out =
+      detail::attn::axes_of<detail::attn::output_list<AxQ, AxV, std::remove_cvref_t<KP>, std::remove_cvref_t<K>>>;
+  return dot<Out>(dot_product_attention_weights_with_sink(q, k, sinks, kpos, key, mask, opts), v, kpos);
+}
+
 /// `dot_product_attention` without a mask (every query sees every key).
 ///   auto y = dot_product_attention(q, k, v, KPos, Key);
 template <FloatElement T, class AxQ, class AxK, class AxV, class KP, class K>

@@ -68,6 +68,8 @@ struct hf_dir {
   std::int64_t vocab_size = 0;
   safetensors::hf_dir tensors;
   std::string model_type;
+  /// The multimodal wrapper the language model was read from (config_json::wrapper); "" for a plain one.
+  std::string wrapper;
 };
 
 /// Opens a local Hugging Face directory: config.json (an object with an integer vocab_size) and its safetensors.

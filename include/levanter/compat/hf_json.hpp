@@ -25,10 +25,14 @@ struct error : std::runtime_error {
 };
 
 /// A config.json as open_dir reads it: a JSON object, `model_type` (a string, "" when absent) and `vocab_size`.
+/// A multimodal wrapper whose language model is one of ours (`gemma3`: Gemma3ForConditionalGeneration) is read as
+/// that language model: `config` is its `text_config` with the wrapper's token ids and transformers' defaults
+/// filled in, `model_type` the text model's, and `wrapper` the wrapper's model_type ("" for a plain config.json).
 struct config_json {
   nlohmann::json config;
   std::string model_type;
   std::int64_t vocab_size = 0;
+  std::string wrapper;
 };
 /// The largest config.json read (transformers' are a few kilobytes) and its deepest nesting.
 inline constexpr std::size_t max_config_json_bytes = 16u << 20;

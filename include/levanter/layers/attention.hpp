@@ -1,7 +1,8 @@
 // levanter/layers/attention.hpp: the attention every model calls (upstream `layers/attention.py`'s
 // `dot_product_attention` with an `AttentionMask`): queries against keys and values over the language-model axes
 // (Pos, KeyPos, HeadSize; any head axes besides), a causal mask narrowed to a sliding window and to segments
-// (packed documents), the score scale, logit soft-capping and attention dropout, on the backend the config names.
+// (packed documents), the score scale, logit soft-capping, attention dropout and learned sinks, on the backend the
+// config names.
 //
 //   namespace layers = levanter::layers;
 //   const layers::attention_spec spec{.backend = layers::attention_backend_of(cfg.attn_backend), .sliding_window = 64};
@@ -46,6 +47,16 @@ struct attention_spec {
   hax::random::key dropout_key{};
 };
 
+namespace detail {
+/// The causal mask, narrowed to the spec's window and to the segments, of the plain form.
+inline auto plain_mask(std::int64_t n, const token_batch& segments, const attention_spec& s) {
+  namespace nn = haliax::nn;
+  return (s.sliding_window > 0 ? nn::sliding_window_mask(n * Pos, n * KeyPos, s.sliding_window)
+                               : nn::causal_mask(n * Pos, n * KeyPos)) &&
+         nn::segment_mask(segments, Pos, KeyPos);
+}
+}  // namespace detail
+
 /// Causal attention of `q` {batch, position, heads..., head_size} over `k` and `v` {batch, key_position, heads...,
 /// head_size} within the segments of `segments` {batch, position}. Keys and values may lack query head axes
 /// (grouped-query attention: they are shared). The result has q's axes. The blocked kernels serve the default
@@ -64,10 +75,7 @@ hax::named_array<float, AxQ> attention(const hax::named_array<float, AxQ>& q, co
     if (s.block_size) fo.block_q = fo.block_k = *s.block_size;
     return nn::flash_attention(q, k, v, Pos, KeyPos, HeadSize, segments, hax::rename(segments, Pos, KeyPos), fo);
   }
-  const auto n = q.size(Pos);
-  const auto mask = (s.sliding_window > 0 ? nn::sliding_window_mask(n * Pos, n * KeyPos, s.sliding_window)
-                                          : nn::causal_mask(n * Pos, n * KeyPos)) &&
-                    nn::segment_mask(segments, Pos, KeyPos);
+  const auto mask = detail::plain_mask(q.size(Pos), segments, s);
   const nn::attention_options opts{.scale = s.scale, .logits_soft_cap = s.logits_soft_cap};
   if (s.dropout > 0) {
     auto w = nn::dot_product_attention_weights(q, k, KeyPos, HeadSize, mask, opts);
@@ -75,6 +83,24 @@ hax::named_array<float, AxQ> attention(const hax::named_array<float, AxQ>& q, co
     return hax::rearrange<AxQ>(hax::dot(w, v, KeyPos));
   }
   return hax::rearrange<AxQ>(nn::dot_product_attention(q, k, v, KeyPos, HeadSize, mask, opts));
+}
+
+/// `attention` with a learned sink per head (upstream `AttentionWithSink`): `sinks` (the query's head axes, e.g.
+/// {KVHeads, QHeadsPerGroup}; a parameter, zeros at init as upstream) is one more logit in every row's softmax,
+/// with a zero value, so that a query can put weight on nothing. Every backend takes the plain form here (the
+/// blocked kernels do not carry a sink yet); the mask, scale, soft cap (which caps the sink too) and dropout are
+/// the spec's.
+///   auto out = levanter::layers::attention(q, k, v, segments, spec, sinks);
+template <class AxQ, class AxK, class AxV, class AxS>
+hax::named_array<float, AxQ> attention(const hax::named_array<float, AxQ>& q, const hax::named_array<float, AxK>& k,
+                                       const hax::named_array<float, AxV>& v, const token_batch& segments,
+                                       const attention_spec& s, const hax::named_array<float, AxS>& sinks) {
+  namespace nn = haliax::nn;
+  const auto mask = detail::plain_mask(q.size(Pos), segments, s);
+  const nn::attention_options opts{.scale = s.scale, .logits_soft_cap = s.logits_soft_cap};
+  auto w = nn::dot_product_attention_weights_with_sink(q, k, sinks, KeyPos, HeadSize, mask, opts);
+  if (s.dropout > 0) w = nn::Dropout{s.dropout}(w, s.dropout_key, false);
+  return hax::rearrange<AxQ>(hax::dot(w, v, KeyPos));
 }
 
 }  // namespace levanter::layers

@@ -44,7 +44,9 @@ struct hf_adapter<llama::LMHeadModel> {
   static std::vector<std::pair<std::string, std::vector<std::int64_t>>> hf_layout(const LlamaConfig& c,
                                                                                   std::int64_t vocab);
   static bool missing_ok(const std::string&) { return false; }
-  static std::string full_name(const hf_dir&, const std::string& hf_name) { return hf_name; }
+  /// A gemma3 wrapper's language model is stored under a prefix: model.language_model.* (transformers 5) or
+  /// language_model.model.* (4.5x, the released checkpoints); a plain directory's names are ours.
+  static std::string full_name(const hf_dir& d, const std::string& hf_name);
   static std::string unused(const hf_dir& d, const std::string& name);
   /// Our model keys and the config.json keys they come from, for messages about an imported config.
   static std::vector<std::pair<std::string, std::string>> hf_keys() { return llama_hf_keys(); }

@@ -273,6 +273,11 @@ class Trainer {
     /// A mixture of experts' auxiliary losses (weighted, summed over layers), averaged over the global batch's
     /// micro-batches as the loss is (upstream train/load_balancing_loss and train/router_z_loss)
     std::optional<double> load_balancing, router_z;
+    /// Per layer: the routing entropy -sum_e l_e log(l_e + 1e-6) of the expert loads l (each expert's share of the
+    /// routed rows), and the loads, averaged over the micro-batches as the losses are (upstream
+    /// moe/layer{i}/routing_entropy and moe/layer{i}/expert{j}_load)
+    std::vector<double> routing_entropy;
+    std::vector<std::vector<double>> expert_loads;
   };
 
   /// One call of train(): the parameters' layout, the checkpointer, the meters and what the hooks last did.
@@ -316,6 +321,8 @@ class Trainer {
       step_output out;
       bool collect_aux = false, has_aux = false;
       double aux_lbl = 0, aux_rzl = 0;
+      std::vector<double> aux_entropy;
+      std::vector<std::vector<double>> aux_loads;
       const auto t0 = out.started = std::chrono::steady_clock::now();
       out.batch_size = t_.train_batch_size.at(step);
       const std::int64_t local = tr_.plan_.local_batch(step);  // this rank's examples: [offset + rank * local, + local)
@@ -347,6 +354,16 @@ class Trainer {
             aux_lbl += fo.aux->load_balancing[i];
             aux_rzl += fo.aux->router_z[i];
           }
+          const auto& loads = fo.aux->expert_loads;
+          aux_entropy.resize(loads.size(), 0.0);
+          aux_loads.resize(loads.size());
+          for (std::size_t i = 0; i < loads.size(); ++i) {
+            aux_loads[i].resize(loads[i].size(), 0.0);
+            for (std::size_t e = 0; e < loads[i].size(); ++e) {
+              aux_loads[i][e] += loads[i][e];
+              aux_entropy[i] -= loads[i][e] * std::log(loads[i][e] + 1e-6);
+            }
+          }
         }
         return {std::move(g), loss.item()};
       };
@@ -370,6 +387,22 @@ class Trainer {
         }
         out.load_balancing = aux_lbl / parts;
         out.router_z = aux_rzl / parts;
+        // the per-layer metrics: one gather, summed in rank order
+        std::vector<double> flat(aux_entropy);
+        for (const auto& l : aux_loads) flat.insert(flat.end(), l.begin(), l.end());
+        if (tr_.data_->size() > 1) {
+          const auto all = distributed::allgather_doubles(*tr_.data_, flat);
+          if (all.size() != flat.size() * static_cast<std::size_t>(tr_.data_->size()))
+            throw std::runtime_error("trainer: the ranks routed to different numbers of experts or layers");
+          std::fill(flat.begin(), flat.end(), 0.0);
+          for (std::size_t at = 0; at < all.size(); ++at) flat[at % flat.size()] += all[at];
+        }
+        std::size_t at = 0;
+        for (auto& h : aux_entropy) h = flat[at++] / parts;
+        for (auto& l : aux_loads)
+          for (auto& x : l) x = flat[at++] / parts;
+        out.routing_entropy = std::move(aux_entropy);
+        out.expert_loads = std::move(aux_loads);
       }
       tr_.reduce_bytes_ = sent() - step_sent0;
       check_finite(out.loss, "train/loss", step, t_.crash_on_nan, t_.crash_on_inf);
@@ -408,6 +441,12 @@ class Trainer {
       if (out.stats.skipped) metrics["optim/skipped_step"] = 1;
       if (out.load_balancing) metrics["train/load_balancing_loss"] = *out.load_balancing;
       if (out.router_z) metrics["train/router_z_loss"] = *out.router_z;
+      for (std::size_t i = 0; i < out.routing_entropy.size(); ++i) {
+        const std::string layer = "moe/layer" + std::to_string(i) + "/";
+        metrics[layer + "routing_entropy"] = out.routing_entropy[i];
+        for (std::size_t e = 0; e < out.expert_loads[i].size(); ++e)
+          metrics[layer + "expert" + std::to_string(e) + "_load"] = out.expert_loads[i][e];
+      }
       const std::int64_t tokens = out.batch_size * tr_.opts_.tokens_per_example;
       const json perf = meter_.on_step(tokens, out.batch_size, out.seconds);
       for (const auto& el : perf.items()) metrics[el.key()] = el.value();
