@@ -39,6 +39,12 @@ need '| step: Llama'
 need 'MFU (6 x params x tokens/s)'
 need 'per step: kernels, GEMMs, fences, deep copies'
 need 'per step: allocations, cache misses'
+need 'per step: allocations besides buffer-cache misses'
+# A steady-state step allocates nothing besides the buffer cache's own misses (no scratch views, mirrors or tables).
+while IFS= read -r line; do
+  value=$(awk -F'|' '{ gsub(/ /, "", $4); print $4 }' <<< "$line")
+  [ "$value" = 0 ] || { cat "$summary"; fail "a step allocated outside the buffer cache: $line"; }
+done < <(grep 'per step: allocations besides buffer-cache misses' "$summary")
 need '| kernels: GPT-2'
 need '| reproducibility | two fresh processes | bitwise identical |'
 need '| train_lm | config/gpt2_nano.yaml, 10 steps, twice | bitwise identical |'

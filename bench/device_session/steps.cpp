@@ -214,9 +214,13 @@ int run_steps(const options& o, const Setup& setup, std::int64_t batch) {
 
   // One more step with the counters listening (Kokkos then fences after each kernel: not timed).
   hax::detail::tools::counter counter;
+  const auto cache2 = hax::buffer_cache_statistics();
   counter.start();
   t.step();
   const auto n = counter.stop();
+  const auto cache3 = hax::buffer_cache_statistics();
+  // what the step allocated besides the buffer cache's misses (scratch views, mirrors, tables): none is the aim
+  const std::int64_t outside_cache = n.allocations - (cache3.misses - cache2.misses);
 
   const double s_step = median(total), s_fb = median(fb), s_up = median(up), s_fwd = median(fwd);
   const double tps = tokens / s_step;
@@ -243,6 +247,17 @@ int run_steps(const options& o, const Setup& setup, std::int64_t batch) {
       fmt("%lld (%.0f MB), %.1f (%.0f MB)", (long long)n.allocations, double(n.allocated_bytes) * 1e-6,
           double(cache1.misses - cache0.misses) / o.steps, double(cache1.miss_bytes - cache0.miss_bytes) * 1e-6 / o.steps),
       "", fmt("arrays' peak %.2f GiB", double(cache1.peak_leased_bytes) / (1 << 30)));
+  row(sec, "per step: allocations besides buffer-cache misses", fmt("%lld", (long long)outside_cache), "",
+      "scratch views, mirrors and tables allocated in a steady-state step (the aim is none)");
+  {
+    std::vector<std::pair<std::int64_t, std::string>> by_count;
+    for (const auto& [label, k] : n.allocation_labels) by_count.push_back({k, label});
+    std::sort(by_count.rbegin(), by_count.rend());
+    std::string top;
+    for (std::size_t i = 0; i < by_count.size() && i < 12; ++i)
+      top += fmt("%s%s x%lld", i ? ", " : "", by_count[i].second.c_str(), (long long)by_count[i].first);
+    std::printf("allocations in the counted step by label: %s\n", top.empty() ? "none" : top.c_str());
+  }
   std::string lossline;
   for (double l : losses) lossline += fmt("%.4f ", l);
   std::printf("losses: %s\n", lossline.c_str());

@@ -4,6 +4,7 @@
 #include <levanter/optim/adamw_kernel.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <haliax/core.hpp>
 #include <haliax/detail/math.hpp>
 #include <haliax/detail/portable.hpp>
 
@@ -182,17 +183,19 @@ KOKKOS_INLINE_FUNCTION float portable_element(const consts& c, chunk_job job, bo
 std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nesterov,
                                         const std::vector<chunk_ref>& chunks) {
   using exec = Kokkos::DefaultExecutionSpace;
-  using mem = exec::memory_space;
   const int64_t nc = static_cast<int64_t>(chunks.size());
-  std::vector<double> out(chunks.size(), 0.0);
-  if (nc == 0) return out;
-  // Host memory (the "_mirror" label tells the device guard so; on a GPU build it is a real host buffer).
-  Kokkos::View<chunk_ref*, Kokkos::HostSpace> host_refs(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw chunks_mirror"),
-                                                        static_cast<std::size_t>(nc));
-  for (int64_t i = 0; i < nc; ++i) host_refs(i) = chunks[static_cast<std::size_t>(i)];
-  auto refs = Kokkos::create_mirror_view_and_copy(mem(), host_refs);
-  Kokkos::View<double*, mem> sums(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw chunk sums"),
-                                  static_cast<std::size_t>(nc));
+  if (nc == 0) return {};
+  // Scratch from haliax's buffer cache (given back on return, in stream order) and the chunk table copied from
+  // the caller's vector: a steady-state step allocates nothing here.
+  namespace hd = haliax::detail;
+  hd::buffer_lease<chunk_ref> refs_lease;
+  refs_lease.view = hd::buffer_cache<chunk_ref>::take(static_cast<std::size_t>(nc), "adamw chunks");
+  Kokkos::deep_copy(refs_lease.view, Kokkos::View<const chunk_ref*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                                         chunks.data(), chunks.size()));
+  const auto refs = refs_lease.view;
+  hd::buffer_lease<double> sums_lease;
+  sums_lease.view = hd::buffer_cache<double>::take(static_cast<std::size_t>(nc), "adamw chunk sums");
+  const auto sums = sums_lease.view;
   if (job == chunk_job::grad_squares) {
     // As the host: one double sum per chunk, element by element.
     Kokkos::parallel_for(
@@ -210,10 +213,12 @@ std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nes
     constexpr int64_t per_chunk = chunk_cap / block_elems;
     for (const auto& r : chunks)
       if (r.n > chunk_cap) Kokkos::abort("levanter::adamw: a chunk larger than the portable loop's 2^15 elements");
-    Kokkos::View<float*, mem> squares(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw squares"),
-                                      static_cast<std::size_t>(nc * chunk_cap));
-    Kokkos::View<double*, mem> blocks(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adamw block sums"),
-                                      static_cast<std::size_t>(nc * per_chunk));
+    hd::buffer_lease<float> squares_lease;
+    squares_lease.view = hd::buffer_cache<float>::take(static_cast<std::size_t>(nc * chunk_cap), "adamw squares");
+    hd::buffer_lease<double> blocks_lease;
+    blocks_lease.view = hd::buffer_cache<double>::take(static_cast<std::size_t>(nc * per_chunk), "adamw block sums");
+    const auto squares = squares_lease.view;
+    const auto blocks = blocks_lease.view;
     const consts cc = c;
     Kokkos::parallel_for(
         "levanter::adamw(update)", Kokkos::RangePolicy<exec>(0, nc * chunk_cap), KOKKOS_LAMBDA(int64_t e) {
@@ -246,9 +251,7 @@ std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nes
           sums(ci) = total;
         });
   }
-  auto host_sums = haliax::detail::host_copy(sums);
-  for (int64_t i = 0; i < nc; ++i) out[static_cast<std::size_t>(i)] = host_sums(i);
-  return out;
+  return hd::read_back(sums);
 }
 
 const char* kernel_isa() {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "device_guard.hpp"
 
@@ -78,6 +79,18 @@ Kokkos::View<std::remove_const_t<T>*, Kokkos::HostSpace> host_copy(const Kokkos:
                                         v.extent(0));
   Kokkos::deep_copy(h, v);
   return h;
+}
+
+/// The elements of a 1-d view as a host vector, copied without a Kokkos allocation (for a few scalars read back
+/// per step: no mirror is allocated and freed, which on a GPU would synchronise the device twice more).
+template <class T, class... P>
+std::vector<std::remove_const_t<T>> read_back(const Kokkos::View<T*, P...>& v) {
+  using U = std::remove_const_t<T>;
+  std::vector<U> out(v.extent(0));
+  if (out.empty()) return out;
+  Kokkos::View<U*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> h(out.data(), out.size());
+  Kokkos::deep_copy(h, v);
+  return out;
 }
 
 /// Names variables so that a KOKKOS_LAMBDA captures them where this stands (see HALIAX_CAPTURE).

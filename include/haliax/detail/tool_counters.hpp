@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -41,6 +42,8 @@ struct counts {
   std::int64_t allocations = 0;      ///< allocations in the arrays' memory space
   std::int64_t allocated_bytes = 0;  ///< their bytes
   std::int64_t deallocations = 0;    ///< frees in the arrays' memory space
+  /// The allocations by Kokkos label (a buffer-cache miss is labelled by the array's op): where they come from
+  std::map<std::string, std::int64_t> allocation_labels;
 };
 
 namespace detail_ {
@@ -88,6 +91,14 @@ inline live_counts& live() {
   static live_counts c;
   return c;
 }
+inline std::mutex& labels_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline std::map<std::string, std::int64_t>& live_labels() {
+  static std::map<std::string, std::int64_t> m;
+  return m;
+}
 extern "C" inline void count_kernel(const char*, std::uint32_t, std::uint64_t* id) {
   *id = 0;
   ++live().kernels;
@@ -97,10 +108,16 @@ extern "C" inline void count_fence(const char* name, std::uint32_t, std::uint64_
   *id = 0;
   if (!tool_fence(name)) ++live().fences;
 }
-extern "C" inline void count_alloc(Kokkos::Profiling::SpaceHandle s, const char*, const void*, std::uint64_t bytes) {
+extern "C" inline void count_alloc(Kokkos::Profiling::SpaceHandle s, const char* label, const void*,
+                                   std::uint64_t bytes) {
   if (!arrays_space(s)) return;
   ++live().allocations;
   live().allocated_bytes += static_cast<std::int64_t>(bytes);
+  try {
+    std::lock_guard<std::mutex> lk(labels_mutex());
+    ++live_labels()[label ? label : "(unlabelled)"];
+  } catch (...) {  // a Kokkos callback must not throw; the label is then not tallied
+  }
 }
 extern "C" inline void count_free(Kokkos::Profiling::SpaceHandle s, const char*, const void*, std::uint64_t) {
   if (arrays_space(s)) ++live().deallocations;
@@ -120,6 +137,10 @@ class counter {
     namespace E = Kokkos::Tools::Experimental;
     Kokkos::fence();
     detail_::live().clear();
+    {
+      std::lock_guard<std::mutex> lk(detail_::labels_mutex());
+      detail_::live_labels().clear();
+    }
     gemms0_ = gemm_profile::launches.load();
     E::set_begin_parallel_for_callback(&detail_::count_kernel);
     E::set_end_parallel_for_callback(&detail_::count_end);
@@ -147,6 +168,10 @@ class counter {
     c.allocations = l.allocations;
     c.allocated_bytes = l.allocated_bytes;
     c.deallocations = l.deallocations;
+    {
+      std::lock_guard<std::mutex> lk(detail_::labels_mutex());
+      c.allocation_labels = detail_::live_labels();
+    }
     c.gemms = gemm_profile::launches.load() - gemms0_;
     return c;
   }

@@ -47,6 +47,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -949,10 +951,41 @@ KOKKOS_INLINE_FUNCTION T soft_capped(T s, T c, T& dc) {
 /// The per-batch-element offsets of an operand (`operand_layout::off`), copied into the arrays' memory space.
 using offset_table = Kokkos::View<std::int64_t*, memory_space>;
 
+/// The offset tables made so far, by content: a training step meets the same few geometries every step, so after
+/// the first step no table is allocated, copied or freed (each would cost a device synchronisation on a GPU).
+/// Bounded: past `max_tables` distinct tables it starts again (a table in use stays alive through its View).
+/// Emptied by clear_buffer_cache(), as the buffer cache is, so that nothing outlives Kokkos.
+struct offset_memo {
+  static constexpr std::size_t max_tables = 512;
+  std::mutex m;
+  std::map<std::vector<std::int64_t>, offset_table> tables;
+
+  static offset_memo& instance() {
+    static offset_memo* memo = [] {
+      auto* p = new offset_memo();  // never destroyed: its Views are released by clear() before finalize
+      auto& reg = haliax::detail::cache_registry::instance();
+      std::lock_guard<std::mutex> lk(reg.m);
+      reg.clearers.push_back(&offset_memo::clear);
+      return p;
+    }();
+    return *memo;
+  }
+  static void clear() {
+    auto& memo = instance();
+    std::lock_guard<std::mutex> lk(memo.m);
+    memo.tables.clear();
+  }
+};
+
 inline offset_table device_offsets(const std::vector<std::int64_t>& off, const char* label) {
+  auto& memo = offset_memo::instance();
+  std::lock_guard<std::mutex> lk(memo.m);
+  if (const auto it = memo.tables.find(off); it != memo.tables.end()) return it->second;
   offset_table d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), off.size());
   Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> h(off.data(), off.size());
   Kokkos::deep_copy(d, h);
+  if (memo.tables.size() >= offset_memo::max_tables) memo.tables.clear();
+  memo.tables.emplace(off, d);
   return d;
 }
 
@@ -1088,7 +1121,6 @@ void forward_portable(const geometry& g, const T* q, const T* k, const T* v, T* 
           Kokkos::single(Kokkos::PerThread(t), [&] { lse[idx] = ninf; });
         }
       });
-  Kokkos::fence();  // the offset tables are freed on return
 }
 
 /// The backward pass of the portable path, as `backward`: delta_i = sum(dO_i * O_i) (in double, in order),
@@ -1119,9 +1151,11 @@ void backward_portable(const geometry& g, const T* q, const T* k, const T* v, co
   const T ninf = -std::numeric_limits<T>::infinity();
   const T cap = static_cast<T>(g.soft_cap);
 
-  Kokkos::View<T*, memory_space> delta_view(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("haliax::nn::flash_attention(delta)")), qrows);
-  T* delta = delta_view.data();
+  // from the buffer cache, given back on return without a fence (later kernels run after these, in order)
+  haliax::detail::buffer_lease<T> delta_lease;
+  delta_lease.view = haliax::detail::buffer_cache<T>::take(static_cast<std::size_t>(qrows),
+                                                           "haliax::nn::flash_attention(delta)");
+  T* delta = delta_lease.view.data();
   Kokkos::parallel_for(
       "haliax::nn::flash_attention(delta)", portable_policy(0, qrows), KOKKOS_LAMBDA(const std::int64_t idx) {
         const std::int64_t b = idx / nq, i = idx - b * nq;
@@ -1191,7 +1225,6 @@ void backward_portable(const geometry& g, const T* q, const T* k, const T* v, co
         }
         lane_scale<T>(t, dkj, scale, d);
       });
-  Kokkos::fence();  // the offset tables and delta are freed on return
 }
 
 /// Segment ids (axes a subset of batch + position, with the position) packed into [batch..., pos].

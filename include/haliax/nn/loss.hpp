@@ -73,17 +73,20 @@ double ordered_sum(const char* label, std::int64_t n, const F& f) {
   constexpr std::int64_t block = 4096;
   const std::int64_t blocks = (n + block - 1) / block;
   if (blocks == 0) return 0.0;
-  Kokkos::View<double*, memory_space> part(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), blocks);
+  // the partial sums in a cached buffer, read back without a mirror: no allocation in a steady-state step
+  haliax::detail::buffer_lease<double> part;
+  part.view = haliax::detail::buffer_cache<double>::take(static_cast<std::size_t>(blocks), label);
+  double* pp = part.view.data();
   Kokkos::parallel_for(
       label, Kokkos::RangePolicy<execution_space>(0, blocks), KOKKOS_LAMBDA(std::int64_t b) {
         double acc = 0;
         const std::int64_t end = (b + 1) * block < n ? (b + 1) * block : n;
         for (std::int64_t r = b * block; r < end; ++r) f(r, acc);
-        part(b) = acc;
+        pp[b] = acc;
       });
-  auto host = haliax::detail::host_copy(part);
+  const auto host = haliax::detail::read_back(part.view);
   double total = 0;
-  for (std::int64_t b = 0; b < blocks; ++b) total += host(b);
+  for (std::int64_t b = 0; b < blocks; ++b) total += host[static_cast<std::size_t>(b)];
   return total;
 }
 

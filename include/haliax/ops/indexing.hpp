@@ -164,7 +164,7 @@ named_array<T, R> slice_as(const named_array<T, Axes>& x, std::int64_t start, st
   const std::int64_t s = std::clamp<std::int64_t>(start, 0, n - length);
   auto rs = x.sizes();
   rs[k] = length;
-  named_array<T, R> r(layout::slab<T>("haliax::slice", x.view(), x.sizes(), k, s, length), rs, x);
+  named_array<T, R> r = layout::slab_array<R>("haliax::slice", x, rs, k, s, length);
   layout::record_grad(
       r,
       [xs = x.sizes(), s, length](const named_array<T, R>& g, auto) {
@@ -193,7 +193,7 @@ requires AxisOf<Ax, Axes> named_array<T, detail::layout::without_axis<Axes, Ax>>
   std::array<std::int64_t, R::rank> rs{};
   for (std::size_t d = 0, e = 0; d < Axes::rank; ++d)
     if (d != k) rs[e++] = x.sizes()[d];
-  named_array<T, R> r(layout::slab<T>("haliax::index", x.view(), x.sizes(), k, j, 1), rs, x);
+  named_array<T, R> r = layout::slab_array<R>("haliax::index", x, rs, k, j, 1);
   layout::record_grad(
       r,
       [xs = x.sizes(), j](const named_array<T, R>& g, auto) {
@@ -222,7 +222,7 @@ requires AxisOf<Ax, Axes> named_array<T, Axes> index(const named_array<T, Axes>&
   const std::int64_t hi = std::clamp<std::int64_t>(d.start + d.length, 0, n);
   named_array<T, Axes> r;
   if (lo == d.start && hi == d.start + d.length) {  // entirely inside: a plain slab
-    r = named_array<T, Axes>(layout::slab<T>("haliax::index", x.view(), x.sizes(), k, d.start, d.length), rs, x);
+    r = layout::slab_array<Axes>("haliax::index", x, rs, k, d.start, d.length);
   } else {
     r = named_array<T, Axes>::allocate(rs, "haliax::index");
     fill(r, from_double<T>(0.0));

@@ -101,6 +101,21 @@ view_t<T> slab(const char* label, const view_t<T>& v, const std::array<std::int6
   return out;
 }
 
+/// `slab` of `x` as an array of axes R with sizes `rs`: x's buffer where the slab is contiguous (sharing it), else a
+/// copy in a buffer from the cache (so that a steady-state step allocates nothing for it).
+template <class R, class T, class Ax>
+named_array<T, R> slab_array(const char* label, const named_array<T, Ax>& x, const std::array<std::int64_t, R::rank>& rs,
+                             std::size_t k, std::int64_t start, std::int64_t len) {
+  const auto& s = x.sizes();
+  const std::int64_t outer = product(s, 0, k);
+  const std::int64_t inner = product(s, k + 1, Ax::rank);
+  if (outer * len * inner == 0 || (start == 0 && len == s[k]) || outer == 1)
+    return named_array<T, R>(slab<T>(label, x.view(), s, k, start, len), rs, x);
+  auto out = named_array<T, R>::allocate(rs, label);
+  copy_rows<T>(label, out.data(), len * inner, x.data() + start * inner, s[k] * inner, outer, len * inner);
+  return out;
+}
+
 /// Copies `x` (axes AxA) into a new buffer in the order AxR (a permutation of AxA).
 template <class AxR, class T, class AxA>
 named_array<T, AxR> permute_copy(const char* label, const named_array<T, AxA>& x) {
@@ -243,7 +258,7 @@ template <class AxB, class T, class AxG>
 named_array<T, AxB> slab_as(const named_array<T, AxG>& g, std::size_t k, std::int64_t start,
                             const std::array<std::int64_t, AxB::rank>& bs) {
   if constexpr (std::is_same_v<AxB, AxG>) {
-    return named_array<T, AxB>(slab<T>("haliax::grad_part", g.view(), g.sizes(), k, start, bs[k]), bs, g);
+    return slab_array<AxB>("haliax::grad_part", g, bs, k, start, bs[k]);
   } else {
     auto r = named_array<T, AxB>::allocate(bs, "haliax::grad_part");
     if (r.element_count() == 0) return r;
@@ -585,9 +600,9 @@ requires(sizeof...(S) > 0) && AxisOf<Ax, Axes> &&
     using R = layout::replaced_axis<Axes, A, typename P::axis_type>;
     auto s = x.sizes();
     s[k] = p.size;
-    auto v = layout::slab<T>("haliax::split", x.view(), x.sizes(), k, start, p.size);
+    auto v = layout::slab_array<R>("haliax::split", x, s, k, start, p.size);
     start += p.size;
-    return named_array<T, R>(std::move(v), s, x);
+    return v;
   };
   // Braced init evaluates left to right, so the pieces get consecutive starts.
   auto out = std::tuple{piece(pieces)...};
@@ -628,7 +643,7 @@ requires AxisOf<Ax, Axes> std::vector<named_array<T, Axes>> split(const named_ar
   for (auto n : sizes) {
     auto s = x.sizes();
     s[k] = n;
-    out.emplace_back(layout::slab<T>("haliax::split", x.view(), x.sizes(), k, start, n), s, x);
+    out.push_back(layout::slab_array<Axes>("haliax::split", x, s, k, start, n));
     start += n;
   }
   if constexpr (FloatElement<T>) {
@@ -658,7 +673,7 @@ requires AxisOf<Ax, Axes> std::vector<named_array<T, detail::layout::without_axi
   std::vector<named_array<T, R>> out;
   out.reserve(static_cast<std::size_t>(x.sizes()[k]));
   for (std::int64_t i = 0; i < x.sizes()[k]; ++i)
-    out.emplace_back(layout::slab<T>("haliax::unbind", x.view(), x.sizes(), k, i, 1), rs, x);
+    out.push_back(layout::slab_array<R>("haliax::unbind", x, rs, k, i, 1));
   if constexpr (FloatElement<T>) {
     if (ad::tracked(x)) {
       auto gn = ad::make_gather(x);
