@@ -10,7 +10,8 @@
 # WORK_DIR/obj).
 #
 # A harness says what it needs in its leading // comment lines (paths relative to the repository root):
-#   // fuzz-sources: src/a.cpp src/b.cpp     the project sources compiled (instrumented) into the fuzzer
+#   // fuzz-sources: src/a.cpp src/b/*.cpp   the project sources compiled (instrumented) into the fuzzer (patterns
+#                                            expand from the root: every model's src/models/*_config.cpp)
 #   // fuzz-libs: -lfoo                       extra linker flags
 #   // fuzz-flags: -max_len=4096 -dict=tests/fuzz/NAME.dict   extra libFuzzer flags
 # Its seeds are in tests/fuzz/NAME-seeds/. Objects are rebuilt only when a source or a header they include changes.
@@ -34,7 +35,8 @@ crashes=$(cd "$crashes" && pwd)
 
 # The harness's leading comment block: `// fuzz-KEY: value` lines.
 header() { sed -n '/^\/\//!q; s|^// fuzz-'"$1"':[[:space:]]*||p' "$harness" | tr '\n' ' '; }
-sources=$(header sources)
+# shellcheck disable=SC2046  # the words are patterns, expanded from the root
+sources=$(cd "$root" && printf '%s ' $(header sources))
 libs=$(header libs)
 flags=$(header flags)
 

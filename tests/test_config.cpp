@@ -267,7 +267,7 @@ TEST_CASE("choices: type key, bare name, default, unknown and unsupported types"
   CHECK(dec<ModelChoice>("{type: mixtral, n_routed_experts: 4}").get_if<MixtralConfig>()->n_routed_experts == 4);
   CHECK(dec<ModelChoice>("llama").type_name() == "llama");
   CHECK(dec<ModelChoice>("{type: qwen, use_sliding_window: true, sliding_window: 8}").get_if<QwenConfig>()->family ==
-        llama_family::qwen2);
+        &llama_family::qwen2);
   CHECK(round_trip(dec<ModelChoice>("{type: mistral, sliding_window: 16}")).get_if<MistralConfig>()->sliding_window ==
         16);
   // no type: the class whose keys fit (upstream's default tracker is wandb)

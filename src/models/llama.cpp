@@ -130,7 +130,7 @@ hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& token
     throw std::invalid_argument(std::string(family_type_name(cfg.family)) + ": sequence of " + std::to_string(n) +
                                 " tokens is longer than seq_len " + std::to_string(cfg.seq_len));
   hidden x = embeddings.token_embeddings.embed(tokens);
-  if (cfg.gemma()) x = x * cfg.embedding_scale();
+  if (cfg.family->scaled_embeddings) x = x * cfg.embedding_scale();
   if (embeddings.norm) x = (*embeddings.norm)(x);
   x = transformer.layers.fold(
       x,

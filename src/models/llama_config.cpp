@@ -10,6 +10,7 @@
 #include <haliax/nn/activation.hpp>
 #include <levanter/config/validate.hpp>
 #include <levanter/models/config_checks.hpp>
+#include <levanter/models/registry.hpp>
 
 namespace levanter {
 
@@ -47,34 +48,10 @@ void validate(config::validator& v, const LlamaConfig& m) {
   check_int(v, "model.max_window_layers", m.max_window_layers, 0, bounds::max_layers);
   if (m.use_sliding_window && !m.sliding_window)
     v.error("model.sliding_window", "use_sliding_window is true but no sliding_window is set; give the window size");
-  if (m.family == llama_family::mistral && m.tie_word_embeddings)
-    v.refuse("model.tie_word_embeddings", "Mistral's LM head is never tied (as upstream)",
+  if (m.family->untied_head && m.tie_word_embeddings)
+    v.refuse("model.tie_word_embeddings", std::string(family_type_name(m.family)) + "'s LM head is never tied (as upstream)",
              "remove the key or use type: llama");
-  if (m.gemma()) {
-    // upstream's GemmaRMSNorm has a weight and no bias; the Gemma layer has no hybrid_norm.
-    if (!m.use_layer_norm_weight)
-      v.refuse("model.use_layer_norm_weight", "Gemma's RMSNorm always has a weight (it scales by 1 + weight)",
-               "remove the key");
-    if (m.use_bias)
-      v.refuse("model.use_bias", "Gemma's RMSNorm has no bias (as upstream's GemmaRMSNorm)", "remove the key");
-    if (m.hybrid_norm)
-      v.refuse("model.hybrid_norm", "Gemma has no hybrid_norm (Gemma 2 and 3 have their own four norms per layer)",
-               "remove the key, or use type: gemma2");
-    if (m.query_pre_attn_scalar)
-      config::check_real(v, "model.query_pre_attn_scalar", *m.query_pre_attn_scalar, 0, 1e12, true, false);
-    if (m.attn_logit_softcapping)
-      config::check_real(v, "model.attn_logit_softcapping", *m.attn_logit_softcapping, 0, 1e12, true, false);
-    if (m.final_logit_softcapping)
-      config::check_real(v, "model.final_logit_softcapping", *m.final_logit_softcapping, 0, 1e12, true, false);
-    if (m.final_logit_softcapping && m.cross_entropy_block_size)
-      v.note("model.cross_entropy_block_size",
-             "final_logit_softcapping needs the whole logits; the loss is computed unblocked (as upstream's "
-             "default) and the block size is not used");
-    if (m.sliding_window_pattern)
-      check_int(v, "model.sliding_window_pattern", *m.sliding_window_pattern, 1, bounds::max_layers);
-    config::check_real(v, "model.rope_local_base_freq", m.rope_local_base_freq, 0, 1e12, true, false);
-  }
-  if (m.family == llama_family::olmo2) {
+  if (m.family == &llama_family::olmo2) {
     if (m.hybrid_norm)
       v.refuse("model.hybrid_norm", "OLMo 2's layer already normalises after each sublayer", "remove the key");
     if (m.use_qk_norm)
@@ -120,6 +97,12 @@ void validate(config::validator& v, const LlamaConfig& m) {
         }
       },
       m.rope.value);
+  // the checks of a member in its own files, for the config type of the list its variant belongs to
+  std::visit(
+      [&](const auto& t) {
+        if constexpr (requires { validate_variant(v, t); }) validate_variant(v, t);
+      },
+      as_model_choice(m).value);
 }
 
 void validate(config::validator& v, const Olmo2Config& m) {
@@ -135,8 +118,5 @@ LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::LlamaConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MistralConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::QwenConfig)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Qwen3Config)
-LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::GemmaConfig)
-LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Gemma2Config)
-LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Gemma3Config)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::Olmo2Config)
 LEVANTER_CONFIG_SECTION_INSTANTIATE(levanter::MixtralConfig)

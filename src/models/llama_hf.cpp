@@ -6,10 +6,19 @@
 #include <variant>
 
 #include <levanter/models/hf_config_json.hpp>
+#include <levanter/models/registry.hpp>
 
 namespace levanter::hf {
 
 using adapter = hf_adapter<llama::LMHeadModel>;
+
+bool adapter::reads_model_type(std::string_view t) {
+  bool reads = false;
+  for_each_model_config([&]<class T>(std::type_identity<T>) {
+    if constexpr (std::is_base_of_v<LlamaConfig, T>) reads = reads || T::hf_model_type == t;
+  });
+  return reads;
+}
 
 std::string_view adapter::model_type_of(const LlamaConfig& c) { return llama_model_type_of(c); }
 
@@ -37,15 +46,13 @@ void adapter::check_matches(const LlamaConfig& c, const nlohmann::json& j, const
   differs("hidden_act", c.activation_function, h.activation_function);
   differs("tie_word_embeddings", c.tied(), h.tied());
   differs("rope_parameters", rope_to_hf(c.rope).dump(), rope_to_hf(h.rope).dump());
-  if (c.gemma()) {
-    differs("query_pre_attn_scalar (as the attention scale)", c.attention_scale(), h.attention_scale());
-    differs("attn_logit_softcapping", nlohmann::json(c.attn_logit_softcapping ? *c.attn_logit_softcapping : 0.0),
-            nlohmann::json(h.attn_logit_softcapping ? *h.attn_logit_softcapping : 0.0));
-    differs("final_logit_softcapping", nlohmann::json(c.final_logit_softcapping ? *c.final_logit_softcapping : 0.0),
-            nlohmann::json(h.final_logit_softcapping ? *h.final_logit_softcapping : 0.0));
-    for (int i = 0; i < c.num_layers; ++i)
-      differs("the RoPE of this layer", rope_to_hf(c.rope_of_layer(i)).dump(), rope_to_hf(h.rope_of_layer(i)).dump());
-  }
+  differs("query_pre_attn_scalar (as the attention scale)", c.attention_scale(), h.attention_scale());
+  differs("attn_logit_softcapping", nlohmann::json(c.attn_logit_softcapping ? *c.attn_logit_softcapping : 0.0),
+          nlohmann::json(h.attn_logit_softcapping ? *h.attn_logit_softcapping : 0.0));
+  differs("final_logit_softcapping", nlohmann::json(c.final_logit_softcapping ? *c.final_logit_softcapping : 0.0),
+          nlohmann::json(h.final_logit_softcapping ? *h.final_logit_softcapping : 0.0));
+  for (int i = 0; i < c.num_layers; ++i)
+    differs("the RoPE of this layer", rope_to_hf(c.rope_of_layer(i)).dump(), rope_to_hf(h.rope_of_layer(i)).dump());
   for (int i = 0; i < c.num_layers; ++i)
     differs("a sliding window on this layer", c.window_of_layer(i), h.window_of_layer(i));
   if (c.moe()) {

@@ -3,10 +3,12 @@
 
 #include <cmath>
 #include <optional>
+#include <type_traits>
 #include <variant>
 
 #include <haliax/nn/activation.hpp>
 #include <levanter/config/validate.hpp>
+#include <levanter/models/registry.hpp>
 
 namespace levanter::hf {
 
@@ -43,10 +45,6 @@ nlohmann::json rope_to_hf(const RopeChoice& r) {
       },
       r.value);
 }
-
-/// The rope of a config.json: transformers 5's `rope_parameters`, or transformers 4's `rope_theta` +
-/// `rope_scaling`.
-namespace {
 
 RopeChoice rope_from_hf(const nlohmann::json& j, std::int64_t max_positions, const std::string& where) {
   nlohmann::json p = nlohmann::json::object();
@@ -120,35 +118,6 @@ RopeChoice rope_from_hf(const nlohmann::json& j, std::int64_t max_positions, con
   return r;
 }
 
-const char* architecture_of(llama_family f) {
-  switch (f) {
-    case llama_family::mistral:
-      return "MistralForCausalLM";
-    case llama_family::qwen2:
-      return "Qwen2ForCausalLM";
-    case llama_family::qwen3:
-      return "Qwen3ForCausalLM";
-    case llama_family::gemma:
-      return "GemmaForCausalLM";
-    case llama_family::gemma2:
-      return "Gemma2ForCausalLM";
-    case llama_family::gemma3:
-      return "Gemma3ForCausalLM";
-    case llama_family::olmo2:
-      return "Olmo2ForCausalLM";
-    case llama_family::mixtral:
-      return "MixtralForCausalLM";
-    default:
-      return "LlamaForCausalLM";
-  }
-}
-
-/// transformers' name of a gated-MLP activation: gelu_new is `gelu_pytorch_tanh` in Gemma configs.
-std::string hf_activation_name(const LlamaConfig& c) {
-  return c.gemma() && c.activation_function == "gelu_new" ? "gelu_pytorch_tanh" : c.activation_function;
-}
-
-/// A positive number or null under `key`.
 std::optional<double> positive_or_null(const nlohmann::json& j, const char* key, const std::string& where) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
   if (!j[key].is_number() || !(j[key].get<double>() > 0))
@@ -160,7 +129,6 @@ nlohmann::json number_or_null(const std::optional<double>& x) {
   return x ? nlohmann::json(*x) : nlohmann::json(nullptr);
 }
 
-/// layer_types as a list of booleans (true: sliding_attention), checked against the layer count.
 std::vector<bool> sliding_layers_of(const nlohmann::json& j, int layers, const std::string& where) {
   const auto& lt = j["layer_types"];
   if (!lt.is_array()) throw error(where + ": layer_types is " + lt.dump() + ", not a list");
@@ -177,57 +145,54 @@ std::vector<bool> sliding_layers_of(const nlohmann::json& j, int layers, const s
   return out;
 }
 
-bool windowed_family(llama_family f) { return f == llama_family::qwen2 || f == llama_family::qwen3; }
+namespace {
+
+bool windowed_family(const llama_variant* f) { return f == &llama_family::qwen2 || f == &llama_family::qwen3; }
+
+/// Calls `f(t)` with `c` as the config type of the model list whose variant it has (a GemmaConfig for a Gemma, ...),
+/// then takes back what `f` changed: how a member in its own files gets its config.json hooks called.
+template <class F>
+void as_listed_type(LlamaConfig& c, F&& f) {
+  ModelChoice m = as_model_choice(c);
+  std::visit(
+      [&](auto& t) {
+        using T = std::remove_cvref_t<decltype(t)>;
+        if constexpr (std::is_base_of_v<LlamaConfig, T>) {
+          if (t.family != c.family) return;  // a variant no listed type has
+          f(t);
+          c = static_cast<const LlamaConfig&>(t);
+        }
+      },
+      m.value);
+}
+
+/// The `type:` of the listed config type reading config.json's model_type `t` (t itself when none does).
+std::string type_reading(const std::string& t) {
+  std::string out = t;
+  for_each_model_config([&]<class T>(std::type_identity<T>) {
+    if constexpr (std::is_base_of_v<LlamaConfig, T>)
+      if (T::hf_model_type == t) out = std::string(T::type_name);
+  });
+  return out;
+}
 
 }  // namespace
 
-std::string_view llama_model_type_of(const LlamaConfig& c) {
-  switch (c.family) {
-    case llama_family::mistral:
-      return "mistral";
-    case llama_family::qwen2:
-      return "qwen2";
-    case llama_family::qwen3:
-      return "qwen3";
-    case llama_family::gemma:
-      return "gemma";
-    case llama_family::gemma2:
-      return "gemma2";
-    case llama_family::gemma3:
-      return "gemma3_text";
-    case llama_family::olmo2:
-      return "olmo2";
-    case llama_family::mixtral:
-      return "mixtral";
-    default:
-      return "llama";
-  }
-}
+std::string_view llama_model_type_of(const LlamaConfig& c) { return c.family->hf_model_type; }
 
 nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
   const std::string who(family_type_name(c.family));
   if (c.hybrid_norm || c.input_embedding_norm)
     throw error(who + ": hybrid_norm and input_embedding_norm have no Hugging Face form; disable them to export");
   if (c.use_bias) throw error(who + ": use_bias true (biases in every projection and norm) has no Hugging Face form");
-  if (c.use_qk_norm && c.family != llama_family::qwen3 && c.family != llama_family::gemma3 &&
-      c.family != llama_family::olmo2)
+  if (c.use_qk_norm && !c.family->hf_qk_norm)
     throw error(who + ": use_qk_norm has no Hugging Face form for this model type (use type: qwen3 or gemma3)");
-  if (c.family == llama_family::gemma3 && !c.use_qk_norm)
-    throw error(who + ": use_qk_norm false has no Hugging Face form (transformers' Gemma 3 always normalises "
-                "queries and keys)");
-  if ((c.family == llama_family::gemma || c.family == llama_family::gemma2) && c.use_qk_norm)
-    throw error(who + ": use_qk_norm has no Hugging Face form for this model type (use type: gemma3)");
-  if (c.family == llama_family::gemma && (c.attn_logit_softcapping || c.final_logit_softcapping))
-    throw error(who + ": soft-capping has no Hugging Face form for a Gemma 1 model (use type: gemma2)");
-  if (c.family == llama_family::gemma && c.query_pre_attn_scalar && *c.query_pre_attn_scalar != c.head_size())
-    throw error(who + ": query_pre_attn_scalar other than the head size has no Hugging Face form for a Gemma 1 "
-                "model (use type: gemma2)");
   if (!c.use_layer_norm_weight) throw error(who + ": use_layer_norm_weight false has no Hugging Face form");
   if (c.moe() && c.n_shared_experts > 0)
     throw error(who + ": n_shared_experts " + std::to_string(c.n_shared_experts) +
                 " has no Hugging Face form (transformers' Mixtral has no shared experts)");
   nlohmann::json j;
-  j["architectures"] = {architecture_of(c.family)};
+  j["architectures"] = {std::string(c.family->hf_architecture)};
   j["model_type"] = std::string(llama_model_type_of(c));
   j["vocab_size"] = vocab;
   j["max_position_embeddings"] = c.seq_len;
@@ -238,43 +203,20 @@ nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
   j["num_key_value_heads"] = c.num_kv_heads;
   // transformers' Mixtral writes null for a head size implied by hidden_size / num_attention_heads
   j["head_dim"] = c.moe() && !c.head_dim ? nlohmann::json(nullptr) : nlohmann::json(c.head_size());
-  if (c.sandwich_norms())
-    j["hidden_activation"] = hf_activation_name(c);
-  else
-    j["hidden_act"] = hf_activation_name(c);
+  j["hidden_act"] = c.activation_function;
   j["initializer_range"] = c.initializer_range;
   j["rms_norm_eps"] = c.layer_norm_epsilon;
   j["tie_word_embeddings"] = c.tied();
   j["attention_dropout"] = 0.0;
   j["use_cache"] = true;
   j["rope_parameters"] = rope_to_hf(c.rope);
-  if (c.gemma()) {
+  if (c.family == &llama_family::olmo2) {
     j["attention_bias"] = false;
-    if (c.sandwich_norms()) {
-      const double qs = c.query_pre_attn_scalar ? *c.query_pre_attn_scalar : double(c.head_size());
-      // an integer as transformers writes it (256, not 256.0)
-      j["query_pre_attn_scalar"] = qs == std::floor(qs) && std::fabs(qs) < 1e15 ? nlohmann::json(std::int64_t(qs))
-                                                                                : nlohmann::json(qs);
-      j["attn_logit_softcapping"] = number_or_null(c.attn_logit_softcapping);
-      j["final_logit_softcapping"] = number_or_null(c.final_logit_softcapping);
-      // upstream writes the context length for "no window", which masks nothing
-      j["sliding_window"] = c.sliding_window ? *c.sliding_window : c.seq_len;
-      nlohmann::json types = nlohmann::json::array();
-      for (int i = 0; i < c.num_layers; ++i) types.push_back(c.local_layer(i) ? "sliding_attention" : "full_attention");
-      j["layer_types"] = types;
-    }
-    if (c.family == llama_family::gemma3) {
-      nlohmann::json local = {{"rope_type", "default"}, {"rope_theta", c.rope_local_base_freq}};
-      j["rope_parameters"] = {{"full_attention", rope_to_hf(c.rope)}, {"sliding_attention", local}};
-      j["use_bidirectional_attention"] = false;
-    }
-  } else if (c.family == llama_family::olmo2) {
-    j["attention_bias"] = false;
-  } else if (c.family == llama_family::llama) {
+  } else if (c.family == &llama_family::llama) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
-  } else if (c.family == llama_family::mistral) {
+  } else if (c.family == &llama_family::mistral) {
     j["sliding_window"] = c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json(nullptr);
   } else if (c.moe()) {
     j["sliding_window"] = c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json(nullptr);
@@ -284,8 +226,8 @@ nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
     j["router_aux_loss_coef"] = c.lbl_coef ? *c.lbl_coef : 0.0;
     j["output_router_logits"] = false;
     j["router_jitter_noise"] = 0.0;
-  } else {
-    if (c.family == llama_family::qwen3) j["attention_bias"] = false;
+  } else if (windowed_family(c.family)) {
+    if (c.family == &llama_family::qwen3) j["attention_bias"] = false;
     j["use_sliding_window"] = c.use_sliding_window;
     j["sliding_window"] = c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json(nullptr);
     j["max_window_layers"] = c.max_window_layers;
@@ -294,16 +236,26 @@ nlohmann::json llama_to_hf_config(const LlamaConfig& c, std::int64_t vocab) {
       types.push_back(c.window_of_layer(i) > 0 ? "sliding_attention" : "full_attention");
     j["layer_types"] = types;
   }
+  LlamaConfig listed = c;
+  as_listed_type(listed, [&](const auto& t) {
+    if constexpr (requires { hf_config_out(t, j); }) hf_config_out(t, j);
+  });
   return j;
 }
 
-LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, const std::string& where) {
-  const std::string t = detail::get_or<std::string>(j, "model_type", "");
+LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& given, const std::string& where) {
+  const std::string t = detail::get_or<std::string>(given, "model_type", "");
   if (t != llama_model_type_of(base))
-    throw error(where + ": the Hugging Face model is a '" + t +
-                "' but the model config has type: " + std::string(family_type_name(base.family)) +
-                " (set model.type: " +
-                (t == "qwen2" ? std::string("qwen") : t == "gemma3_text" ? std::string("gemma3") : t) + ")");
+    throw error(where + ": the Hugging Face model is a '" + t + "' but the model config has type: " +
+                std::string(family_type_name(base.family)) + " (set model.type: " + type_reading(t) + ")");
+  nlohmann::json prepared;
+  as_listed_type(base, [&](const auto& x) {
+    if constexpr (requires { hf_config_prepare(x, prepared, where); }) {
+      prepared = given;
+      hf_config_prepare(x, prepared, where);
+    }
+  });
+  const nlohmann::json& j = prepared.is_null() ? given : prepared;
   namespace b = config::bounds;
   base.seq_len = detail::get_int_in(j, "max_position_embeddings", where, 2, b::max_seq_len);
   base.hidden_dim = detail::get_int_in(j, "hidden_size", where, 1, b::max_model_dim);
@@ -318,45 +270,18 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
     const auto hd = detail::get_int_in(j, "head_dim", where, 1, b::max_model_dim);
     if (base.num_heads <= 0 || hd * base.num_heads != base.hidden_dim) base.head_dim = static_cast<int>(hd);
   }
-  if (base.gemma()) {
-    // Gemma 2 and 3 name it hidden_activation; Gemma 1 hidden_act. gelu_pytorch_tanh is our gelu_new.
-    std::string act = detail::get_or<std::string>(j, "hidden_act", "gelu_pytorch_tanh");
-    if (j.contains("hidden_activation") && !j["hidden_activation"].is_null())
-      act = detail::get_or<std::string>(j, "hidden_activation", act);
-    base.activation_function = act == "gelu_pytorch_tanh" ? "gelu_new" : act;
-  } else {
-    base.activation_function = detail::get_or<std::string>(j, "hidden_act", "silu");
-  }
+  base.activation_function = detail::get_or<std::string>(j, "hidden_act", "silu");
   base.initializer_range = detail::get_or<double>(j, "initializer_range", base.initializer_range);
   base.layer_norm_epsilon = detail::get_or<double>(j, "rms_norm_eps", 1e-6);
-  base.tie_word_embeddings = detail::get_or<bool>(j, "tie_word_embeddings", base.gemma());
-  if (base.family == llama_family::gemma3 && j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
-      j["rope_parameters"].contains("full_attention")) {
-    // transformers 5 keys Gemma 3's RoPE by layer type
-    const auto& rp = j["rope_parameters"];
-    nlohmann::json full = {{"rope_parameters", rp["full_attention"]}};
-    base.rope = rope_from_hf(full, base.seq_len, where + " (rope_parameters.full_attention)");
-    if (rp.contains("sliding_attention") && !rp["sliding_attention"].is_null()) {
-      nlohmann::json local = {{"rope_parameters", rp["sliding_attention"]}};
-      const RopeChoice lr = rope_from_hf(local, base.seq_len, where + " (rope_parameters.sliding_attention)");
-      const auto* d = std::get_if<DefaultRopeConfig>(&lr.value);
-      if (!d || d->factor != 1.0)
-        throw error(where + ": rope_parameters.sliding_attention must be a default RoPE (only its rope_theta is "
-                    "supported for Gemma 3's local layers)");
-      base.rope_local_base_freq = d->theta;
-    }
-  } else {
-    base.rope = rope_from_hf(j, base.seq_len, where);
-    if (base.family == llama_family::gemma3)
-      base.rope_local_base_freq = detail::get_or<double>(j, "rope_local_base_freq", 10000.0);
-  }
+  base.tie_word_embeddings = detail::get_or<bool>(j, "tie_word_embeddings", false);
+  base.rope = rope_from_hf(j, base.seq_len, where);
   base.use_bias = false;
   base.hybrid_norm = base.input_embedding_norm = base.use_qk_norm = false;
   base.use_layer_norm_weight = true;
   for (const char* k : {"attention_bias", "mlp_bias"})
     if (detail::get_or<bool>(j, k, false))
       throw error(where + ": " + k + " true is not supported for model_type '" + t + "'");
-  if (base.family == llama_family::mistral) {
+  if (base.family == &llama_family::mistral) {
     if (j.contains("sliding_window") && !j["sliding_window"].is_null())
       base.sliding_window = detail::get_int_in(j, "sliding_window", where, 1, b::max_seq_len);
     else
@@ -381,48 +306,6 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
                     ", not a non-negative number");
       base.lbl_coef = j["router_aux_loss_coef"].get<double>();
     }
-  } else if (base.gemma()) {
-    base.query_pre_attn_scalar.reset();
-    base.attn_logit_softcapping = base.final_logit_softcapping = std::nullopt;
-    base.sliding_window.reset();
-    base.sliding_window_pattern.reset();
-    if (base.sandwich_norms()) {
-      base.query_pre_attn_scalar = positive_or_null(j, "query_pre_attn_scalar", where);
-      base.attn_logit_softcapping = positive_or_null(j, "attn_logit_softcapping", where);
-      base.final_logit_softcapping = positive_or_null(j, "final_logit_softcapping", where);
-      if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-        const int w = detail::get_int_in(j, "sliding_window", where, 1, b::max_seq_len);
-        if (w < base.seq_len) base.sliding_window = w;  // a window as long as the context masks nothing
-      }
-    }
-    if (base.family == llama_family::gemma3) {
-      base.use_qk_norm = true;
-      if (detail::get_or<bool>(j, "use_bidirectional_attention", false))
-        throw error(where + ": use_bidirectional_attention true is not supported (causal language models only)");
-      // the local layers: from layer_types, else sliding_window_pattern (transformers' default 6)
-      std::vector<bool> sliding;
-      if (j.contains("layer_types") && !j["layer_types"].is_null()) {
-        sliding = sliding_layers_of(j, base.num_layers, where);
-      } else {
-        const int p = j.contains("sliding_window_pattern") && !j["sliding_window_pattern"].is_null()
-                          ? detail::get_int_in(j, "sliding_window_pattern", where, 1, b::max_layers)
-                          : 6;
-        for (int i = 0; i < base.num_layers; ++i) sliding.push_back((i + 1) % p != 0);
-      }
-      int first_full = 0;
-      while (first_full < base.num_layers && sliding[first_full]) ++first_full;
-      if (first_full > 0) base.sliding_window_pattern = first_full + 1;  // all sliding: a pattern past the end
-      for (int i = 0; i < base.num_layers; ++i)
-        if (sliding[i] != base.local_layer(i))
-          throw error(where + ": layer_types[" + std::to_string(i) + "] breaks the pattern of one full_attention " +
-                      "layer every " + std::to_string(first_full + 1) + " (other layouts are not supported)");
-    } else if (base.family == llama_family::gemma2 && j.contains("layer_types") && !j["layer_types"].is_null()) {
-      const auto sliding = sliding_layers_of(j, base.num_layers, where);
-      for (int i = 0; i < base.num_layers; ++i)
-        if (sliding[i] != base.local_layer(i))
-          throw error(where + ": layer_types[" + std::to_string(i) + "] is not Gemma 2's layout (sliding_attention "
-                      "on even layers, full_attention on odd ones; other layouts are not supported)");
-    }
   } else if (windowed_family(base.family)) {
     base.use_sliding_window = detail::get_or<bool>(j, "use_sliding_window", false);
     if (j.contains("sliding_window") && !j["sliding_window"].is_null())
@@ -443,6 +326,9 @@ LlamaConfig llama_from_hf_config(LlamaConfig base, const nlohmann::json& j, cons
                       "max_window_layers on are supported)");
     }
   }
+  as_listed_type(base, [&](auto& x) {
+    if constexpr (requires { hf_config_in(x, j, where); }) hf_config_in(x, j, where);
+  });
   if (!haliax::nn::find_activation(base.activation_function))
     throw error(where + ": hidden_act '" + base.activation_function + "' is not supported (use one of " +
                 haliax::nn::activation_names() + ")");

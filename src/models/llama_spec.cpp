@@ -7,30 +7,6 @@
 
 namespace levanter {
 
-std::string_view family_type_name(llama_family f) {
-  switch (f) {
-    case llama_family::llama:
-      return LlamaConfig::type_name;
-    case llama_family::mistral:
-      return MistralConfig::type_name;
-    case llama_family::qwen2:
-      return QwenConfig::type_name;
-    case llama_family::qwen3:
-      return Qwen3Config::type_name;
-    case llama_family::gemma:
-      return GemmaConfig::type_name;
-    case llama_family::gemma2:
-      return Gemma2Config::type_name;
-    case llama_family::gemma3:
-      return Gemma3Config::type_name;
-    case llama_family::olmo2:
-      return Olmo2Config::type_name;
-    case llama_family::mixtral:
-      return MixtralConfig::type_name;
-  }
-  return "llama";
-}
-
 haliax::nn::rope_spec rope_spec_of(const RopeChoice& r) {
   namespace nn = haliax::nn;
   return std::visit(
@@ -57,7 +33,7 @@ haliax::nn::rope_spec rope_spec_of(const RopeChoice& r) {
 }
 
 RopeChoice LlamaConfig::rope_of_layer(std::int64_t i) const {
-  if (family == llama_family::gemma3 && local_layer(i)) {
+  if (family->local_rope && local_layer(i)) {
     RopeChoice r;
     r.value = DefaultRopeConfig{rope_local_base_freq, 1.0};
     return r;
@@ -85,9 +61,9 @@ std::int64_t LlamaConfig::parameter_count(std::int64_t vocab) const {
 
 double LlamaConfig::flops_per_token(std::int64_t vocab) const {
   // Upstream counts Mistral with glu=False and num_kv_heads = num_heads, and Gemma with glu=False.
-  const bool mistral = family == llama_family::mistral, no_glu = mistral || gemma();
+  const bool no_glu = family->flops_without_glu;
   const double E = hidden_dim, M = intermediate_dim, L = num_layers, S = seq_len, H = num_heads;
-  const double K = mistral ? H : num_kv_heads;
+  const double K = family->flops_kv_as_heads ? H : num_kv_heads;
   const double D = E / H;  // upstream uses hidden_dim / num_heads here even when head_dim is set
   // Mixtral: each token runs num_experts_per_tok routed experts and the shared ones, plus the router (upstream
   // lm_flops_per_token with num_experts)

@@ -1,4 +1,4 @@
-// fuzz-sources: src/config/yaml.cpp src/config/cli.cpp src/config/validate.cpp src/trainer/config.cpp src/optim/config.cpp src/data/config.cpp src/models/gpt2_config.cpp src/models/llama_config.cpp
+// fuzz-sources: src/config/yaml.cpp src/config/cli.cpp src/config/validate.cpp src/trainer/config.cpp src/optim/config.cpp src/data/config.cpp src/models/*_config.cpp src/models/llama_spec.cpp src/compat/hf_json.cpp src/io/json_limits.cpp
 // fuzz-libs: -lyaml-cpp
 //
 // libFuzzer target for the train_lm config reader (not built by CMake). Each input is read as a config file is:

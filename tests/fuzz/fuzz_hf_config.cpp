@@ -1,10 +1,10 @@
-// fuzz-sources: src/compat/hf_json.cpp src/models/gpt2_hf_config.cpp src/models/llama_hf_config.cpp src/models/gpt2_config.cpp src/models/llama_config.cpp src/models/llama_spec.cpp src/config/validate.cpp src/config/yaml.cpp src/config/cli.cpp src/io/json_limits.cpp
+// fuzz-sources: src/compat/hf_json.cpp src/models/*_config.cpp src/models/llama_spec.cpp src/config/validate.cpp src/config/yaml.cpp src/config/cli.cpp src/io/json_limits.cpp
 // fuzz-libs: -lyaml-cpp
 // fuzz-flags: -max_len=4096 -dict=tests/fuzz/hf_config.dict
 //
 // libFuzzer target for a Hugging Face config.json, read as import_hf_to_lm, eval_lm --hf_checkpoint and
 // train_lm --initialize_from_hf read it (no tensors): hf::parse_config_json (what open_dir checks), then the
-// model_type's from_hf_config (gpt2, or the Llama family: llama, mistral, qwen2, qwen3) and the checks train_lm
+// model_type's from_hf_config (gpt2, or a listed config type of the Llama family) and the checks train_lm
 // makes of a model section (check_model_config). Built and run by scripts/fuzz.sh hf_config SECONDS; its seeds are
 // the config.json files transformers wrote for tests/golden.
 //
@@ -19,10 +19,13 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include <levanter/compat/hf_json.hpp>
 #include <levanter/models/hf_config_json.hpp>
+#include <levanter/models/registry.hpp>
 
 namespace {
 
@@ -91,16 +94,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto llama = [&](const LlamaConfig& base) {
     convert(base, cj.config, cj.vocab_size, hf::llama_from_hf_config, hf::llama_to_hf_config, hf::llama_hf_keys());
   };
-  if (t == "gpt2")
+  if (t == "gpt2") {
     convert(Gpt2Config{}, cj.config, cj.vocab_size, hf::gpt2_from_hf_config, hf::gpt2_to_hf_config,
             hf::gpt2_hf_keys());
-  else if (t == "llama")
-    llama(LlamaConfig{});
-  else if (t == "mistral")
-    llama(MistralConfig{});
-  else if (t == "qwen2")
-    llama(QwenConfig{});
-  else if (t == "qwen3")
-    llama(Qwen3Config{});
+    return 0;
+  }
+  // every config type of the Llama family in the model list reading this model_type (llama, mistral, qwen2, qwen3,
+  // gemma, gemma2, gemma3_text, olmo2, mixtral)
+  for_each_model_config([&]<class T>(std::type_identity<T>) {
+    if constexpr (std::is_base_of_v<LlamaConfig, T>)
+      if (T::hf_model_type == t) llama(T{});
+  });
   return 0;
 }

@@ -9,6 +9,7 @@
 // the config's below, the model's and its Hugging Face adapter's in models/builtin_models.hpp.
 #pragma once
 
+#include <levanter/models/gemma_config.hpp>
 #include <levanter/models/gpt2_config.hpp>
 #include <levanter/models/llama_config.hpp>
 

@@ -13,8 +13,9 @@
 // and embedding).
 //
 // Gemma, Gemma 2, Gemma 3 and OLMo 2 are this model too (upstream's gemma.py and olmo.py reuse Llama's attention,
-// MLP and embedding): their config (llama_config.hpp) turns on (1 + weight) norms, the embedding scale, the four-norm
-// layer, soft-capping and local layers (Gemma), post-norm layers and whole-projection QK norms (OLMo 2).
+// MLP and embedding): their config's variant (llama_config.hpp, gemma_config.hpp) turns on (1 + weight) norms, the
+// embedding scale, the four-norm layer and local layers (Gemma), post-norm layers and whole-projection QK norms
+// (OLMo 2); soft-capping and the attention scale are keys.
 //
 // The bodies compile once, in src/models/llama*.cpp.
 #pragma once
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include <boost/hana/define_struct.hpp>
 #include <haliax/nn/embedding.hpp>
@@ -175,40 +177,11 @@ struct LMHeadModel {
 
 }  // namespace llama
 
-template <>
-struct model_of<LlamaConfig> {
-  using type = llama::LMHeadModel;
-};
-template <>
-struct model_of<MistralConfig> {
-  using type = llama::LMHeadModel;
-};
-template <>
-struct model_of<QwenConfig> {
-  using type = llama::LMHeadModel;
-};
-template <>
-struct model_of<Qwen3Config> {
-  using type = llama::LMHeadModel;
-};
-template <>
-struct model_of<GemmaConfig> {
-  using type = llama::LMHeadModel;
-};
-template <>
-struct model_of<Gemma2Config> {
-  using type = llama::LMHeadModel;
-};
-template <>
-struct model_of<Gemma3Config> {
-  using type = llama::LMHeadModel;
-};
-template <>
-struct model_of<Olmo2Config> {
-  using type = llama::LMHeadModel;
-};
-template <>
-struct model_of<MixtralConfig> {
+/// Every config type of the family (LlamaConfig and the types deriving from it, in their own files or not) makes this
+/// model.
+template <class C>
+  requires std::is_base_of_v<LlamaConfig, C>
+struct model_of<C> {
   using type = llama::LMHeadModel;
 };
 

@@ -1,21 +1,16 @@
 // levanter/models/llama_config.hpp: the Llama family's `model:` sections, upstream's LlamaConfig (`type: llama`),
-// MistralConfig (`type: mistral`), QwenConfig (`type: qwen`, Qwen2), Qwen3Config (`type: qwen3`), the Gemma configs
-// (`type: gemma`, `gemma2`, `gemma3`) and Olmo2Config (`type: olmo2`), with their keys and defaults, and the `rope:`
-// choice (upstream `RotaryEmbeddingsConfig`: default, linear, llama3, yarn).
+// MistralConfig (`type: mistral`), QwenConfig (`type: qwen`, Qwen2), Qwen3Config (`type: qwen3`), Olmo2Config
+// (`type: olmo2`) and MixtralConfig (`type: mixtral`), with their keys and defaults, and the `rope:` choice (upstream
+// `RotaryEmbeddingsConfig`: default, linear, llama3, yarn). The Gemma configs are their own files
+// (models/gemma_config.hpp): a member of the family is a config type with a variant, below.
 //
 // They are one architecture (llama::LMHeadModel): RMSNorm pre-norm blocks, SwiGLU MLP, RoPE, grouped-query
-// attention. What differs is recorded in `family` and read by the model and its Hugging Face adapter:
+// attention. What a member fixes beyond its keys is its `llama_variant` (`family`), which the model and its Hugging
+// Face adapter read; the Llama files' own members:
 //   mistral  sliding-window attention on every layer (sliding_window, default 4096); the LM head is never tied
 //   qwen     bias on the q/k/v projections, none on o_proj; with use_sliding_window, a window on the layers from
 //            max_window_layers on
 //   qwen3    RMSNorm of each query and key head (QK norm); the same sliding-window keys as qwen
-//   gemma    (GemmaConfig, `type: gemma`) RMSNorms scale by (1 + weight), embeddings multiplied by sqrt(hidden_dim),
-//            tied head, gelu_new GeGLU, MQA and head_dim 256 by default
-//   gemma2   gemma plus four norms per layer (a norm after attention and after the MLP, another before the MLP),
-//            attention and final logit soft-capping, query_pre_attn_scalar, a sliding window on even layers
-//   gemma3   gemma2's layer, QK norm, no soft-capping; with sliding_window_pattern p, every layer but each p-th is
-//            local (windowed, RoPE base rope_local_base_freq), as transformers' Gemma3 (upstream treats every
-//            layer as global)
 //   olmo2    (Olmo2Config, `type: olmo2`) post-norm sublayers: x + post_attention_layernorm(attn(x)), then
 //            x + post_feedforward_layernorm(mlp(x)), no input norm; RMSNorms of the whole query and key projections
 //            (over heads x head_dim, before RoPE)
@@ -23,6 +18,10 @@
 //            (`gate`) picks num_experts_per_tok of n_routed_experts SwiGLU experts per token, their outputs weighted
 //            by the renormalised router probabilities; optional always-on shared experts; the load-balancing loss
 //            (lbl_coef) and router z-loss (rzl_coef) are added to the loss
+// A member in its own files (Gemma's: models/gemma_config.hpp, src/models/gemma_config.cpp, gemma_hf_config.cpp)
+// defines its config type and variant, and may add checks (`validate_variant(v, const ItsConfig&)`) and config.json
+// hooks (`hf::hf_config_prepare`, `hf_config_in`, `hf_config_out`), found for the config types of the model list
+// (src/models/llama_config.cpp, llama_hf_config.cpp).
 #pragma once
 
 #include <cmath>
@@ -85,14 +84,76 @@ haliax::nn::rope_spec rope_spec_of(const RopeChoice& r);
 
 // ---- model: -----------------------------------------------------------------------------------------------
 
-/// Which member of the family a config describes (see the header comment).
-enum class llama_family { llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3, olmo2, mixtral };
+struct LlamaConfig;
+
+/// Where a member of the family puts its RMSNorms: before each sublayer (Llama), before and after each (Gemma 2 and
+/// 3's four norms per layer), or after each only (OLMo 2).
+enum class llama_norms { pre, sandwich, post };
+
+/// What a member of the family fixes beyond its keys: the layer's shape and its Hugging Face names. One constant per
+/// `type:` (llama_family::llama, ...; a member in its own files defines its own), pointed to by `LlamaConfig::family`
+/// and compared by address.
+struct llama_variant {
+  std::string_view type_name;        ///< `type:`
+  std::string_view hf_model_type;    ///< config.json's model_type
+  std::string_view hf_architecture;  ///< config.json's architectures
+  llama_norms norms = llama_norms::pre;
+  bool unit_offset_norms = false;   ///< RMSNorms scale by (1 + weight), the weight starting at 0
+  bool scaled_embeddings = false;   ///< embeddings multiplied by sqrt(hidden_dim) (in float, as transformers)
+  bool qkv_bias = false;            ///< biases on q/k/v and none on o_proj, whatever use_bias
+  bool qk_norm = false;             ///< RMSNorm of each query and key head, whatever use_qk_norm
+  bool projection_qk_norm = false;  ///< RMSNorms over the whole query and key projections (all heads at once)
+  bool hf_qk_norm = false;          ///< use_qk_norm has a Hugging Face form
+  bool untied_head = false;         ///< the LM head is never the embedding table
+  bool moe = false;                 ///< a mixture-of-experts block in place of the MLP
+  /// Whether layer i is local: windowed by sliding_window when set (null: no local layers).
+  bool (*local_layer)(const LlamaConfig&, std::int64_t) = nullptr;
+  bool local_rope = false;  ///< local layers use a default RoPE of base rope_local_base_freq, whatever the window
+  bool flops_without_glu = false;  ///< upstream counts the MLP's FLOPs as two products, not three
+  bool flops_kv_as_heads = false;  ///< upstream counts num_kv_heads = num_heads in the FLOPs
+};
+
+namespace detail {
+bool every_layer_local(const LlamaConfig&, std::int64_t);
+bool layers_from_max_window_local(const LlamaConfig&, std::int64_t);
+}  // namespace detail
+
+/// The Llama files' members of the family (see the header comment).
+namespace llama_family {
+inline constexpr llama_variant llama{.type_name = "llama", .hf_model_type = "llama", .hf_architecture = "LlamaForCausalLM"};
+inline constexpr llama_variant mistral{.type_name = "mistral",
+                                       .hf_model_type = "mistral",
+                                       .hf_architecture = "MistralForCausalLM",
+                                       .untied_head = true,
+                                       .local_layer = detail::every_layer_local,
+                                       .flops_without_glu = true,
+                                       .flops_kv_as_heads = true};
+inline constexpr llama_variant qwen2{.type_name = "qwen",
+                                     .hf_model_type = "qwen2",
+                                     .hf_architecture = "Qwen2ForCausalLM",
+                                     .qkv_bias = true,
+                                     .local_layer = detail::layers_from_max_window_local};
+inline constexpr llama_variant qwen3{.type_name = "qwen3",
+                                     .hf_model_type = "qwen3",
+                                     .hf_architecture = "Qwen3ForCausalLM",
+                                     .qk_norm = true,
+                                     .hf_qk_norm = true,
+                                     .local_layer = detail::layers_from_max_window_local};
+inline constexpr llama_variant olmo2{.type_name = "olmo2",
+                                     .hf_model_type = "olmo2",
+                                     .hf_architecture = "Olmo2ForCausalLM",
+                                     .norms = llama_norms::post,
+                                     .projection_qk_norm = true,
+                                     .hf_qk_norm = true};
+inline constexpr llama_variant mixtral{
+    .type_name = "mixtral", .hf_model_type = "mixtral", .hf_architecture = "MixtralForCausalLM", .moe = true};
+}  // namespace llama_family
 
 /// `model: {type: llama, ...}`, upstream LlamaConfig; the base of the other three.
 struct LlamaConfig {
   static constexpr std::string_view type_name = "llama";
   static constexpr std::string_view hf_model_type = "llama";
-  llama_family family = llama_family::llama;
+  const llama_variant* family = &llama_family::llama;  ///< which member of the family (see llama_variant)
 
   int seq_len = 2048;
   int hidden_dim = 4096;
@@ -123,12 +184,12 @@ struct LlamaConfig {
   bool use_sliding_window = false;
   std::optional<int> sliding_window;
   int max_window_layers = 0;
-  // the Gemma family
+  // attention scale and soft-capping (Gemma 2's keys), local layers (Gemma 3's)
   std::optional<double> query_pre_attn_scalar;    ///< attention scale 1 / sqrt(this) (default 1 / sqrt(head size))
   std::optional<double> attn_logit_softcapping;   ///< attention scores c * tanh(s / c)
   std::optional<double> final_logit_softcapping;  ///< logits c * tanh(z / c)
-  std::optional<int> sliding_window_pattern;      ///< gemma3: every p-th layer global, the others local
-  double rope_local_base_freq = 10000.0;          ///< gemma3: the RoPE base of local layers
+  std::optional<int> sliding_window_pattern;      ///< every p-th layer global, the others local (where the variant says)
+  double rope_local_base_freq = 10000.0;          ///< the RoPE base of local layers (where the variant says)
   // mixture of experts (mixtral)
   int num_experts_per_tok = 2;       ///< experts each token is routed to (top-k)
   int n_routed_experts = 8;          ///< routed experts per layer
@@ -137,56 +198,42 @@ struct LlamaConfig {
   std::optional<double> rzl_coef;    ///< weight of the router z-loss (none: not computed)
 
   /// Whether the layers have a mixture-of-experts block in place of the MLP (Mixtral).
-  bool moe() const { return family == llama_family::mixtral; }
-
-  /// Whether this is Gemma, Gemma 2 or Gemma 3.
-  bool gemma() const {
-    return family == llama_family::gemma || family == llama_family::gemma2 || family == llama_family::gemma3;
+  bool moe() const { return family->moe; }
+  /// Four norms per layer (input, post-attention, pre-feedforward, post-feedforward; Gemma 2 and 3).
+  bool sandwich_norms() const { return family->norms == llama_norms::sandwich; }
+  /// Norms after the sublayers only (post_attention_layernorm, post_feedforward_layernorm; OLMo 2).
+  bool post_norms_only() const { return family->norms == llama_norms::post; }
+  /// RMSNorms over the whole query and key projections (all heads at once; OLMo 2).
+  bool projection_qk_norm() const { return family->projection_qk_norm; }
+  /// The embeddings are multiplied by this (sqrt(hidden_dim) in float, as transformers does, where the variant
+  /// scales them; else 1).
+  double embedding_scale() const {
+    return family->scaled_embeddings ? double(static_cast<float>(std::sqrt(double(hidden_dim)))) : 1.0;
   }
-  /// Gemma 2 and 3: four norms per layer (input, post-attention, pre-feedforward, post-feedforward).
-  bool sandwich_norms() const { return family == llama_family::gemma2 || family == llama_family::gemma3; }
-  /// OLMo 2: norms after the sublayers only (post_attention_layernorm, post_feedforward_layernorm).
-  bool post_norms_only() const { return family == llama_family::olmo2; }
-  /// OLMo 2: RMSNorms over the whole query and key projections (all heads at once).
-  bool projection_qk_norm() const { return family == llama_family::olmo2; }
-  /// The embeddings are multiplied by this (Gemma: sqrt(hidden_dim), in float as transformers does).
-  double embedding_scale() const { return gemma() ? double(static_cast<float>(std::sqrt(double(hidden_dim)))) : 1.0; }
   /// The attention scale: 1 / sqrt(query_pre_attn_scalar) when set, else 1 / sqrt(head size).
   double attention_scale() const {
     return 1.0 / std::sqrt(query_pre_attn_scalar ? *query_pre_attn_scalar : double(head_size()));
   }
-  /// Whether layer `i` is a local (sliding-window) layer of Gemma 2 (even layers) or Gemma 3 (all but every
-  /// sliding_window_pattern-th); Gemma 3's local layers use rope_local_base_freq whatever the window.
-  bool local_layer(std::int64_t i) const {
-    if (family == llama_family::gemma2) return i % 2 == 0;
-    if (family == llama_family::gemma3) return sliding_window_pattern && (i + 1) % *sliding_window_pattern != 0;
-    return false;
-  }
+  /// Whether layer `i` is local: windowed by sliding_window when set, with the local RoPE where the variant has one.
+  bool local_layer(std::int64_t i) const { return family->local_layer && family->local_layer(*this, i); }
 
   /// The head size: head_dim when set, else hidden_dim / num_heads.
   int head_size() const { return head_dim ? *head_dim : (num_heads > 0 ? hidden_dim / num_heads : 0); }
   /// Query heads per key/value head.
   int q_heads_per_group() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }
   /// Whether the q/k/v projections and o_proj have biases.
-  bool qkv_bias() const { return family == llama_family::qwen2 || use_bias; }
-  bool o_bias() const { return family != llama_family::qwen2 && use_bias; }
+  bool qkv_bias() const { return family->qkv_bias || use_bias; }
+  bool o_bias() const { return !family->qkv_bias && use_bias; }
   /// Whether queries and keys are RMS-normalised per head.
-  bool qk_norm() const { return family == llama_family::qwen3 || use_qk_norm; }
+  bool qk_norm() const { return family->qk_norm || use_qk_norm; }
   /// Whether the RMSNorms scale by (1 + weight) (Gemma).
-  bool unit_offset_norms() const { return gemma(); }
+  bool unit_offset_norms() const { return family->unit_offset_norms; }
   /// Whether the LM head is the token embedding table.
-  bool tied() const { return family != llama_family::mistral && tie_word_embeddings; }
-  /// The sliding window of layer `i` (0 for full causal attention).
-  std::int64_t window_of_layer(std::int64_t i) const {
-    if (!sliding_window) return 0;
-    if (family == llama_family::mistral) return *sliding_window;
-    if ((family == llama_family::qwen2 || family == llama_family::qwen3) && use_sliding_window &&
-        i >= max_window_layers)
-      return *sliding_window;
-    if (local_layer(i)) return *sliding_window;
-    return 0;
-  }
-  /// The RoPE of layer `i`: `rope`, except Gemma 3's local layers (default RoPE, base rope_local_base_freq).
+  bool tied() const { return !family->untied_head && tie_word_embeddings; }
+  /// The sliding window of layer `i` (0 for full causal attention): sliding_window on the local layers.
+  std::int64_t window_of_layer(std::int64_t i) const { return sliding_window && local_layer(i) ? *sliding_window : 0; }
+  /// The RoPE of layer `i`: `rope`, except local layers of a variant with a local RoPE (default RoPE, base
+  /// rope_local_base_freq).
   RopeChoice rope_of_layer(std::int64_t i) const;
 
   /// Parameters with a vocabulary of `vocab` tokens, as upstream `total_trainable_params` (plus the biases and
@@ -206,7 +253,7 @@ struct MistralConfig : LlamaConfig {
   static constexpr std::string_view type_name = "mistral";
   static constexpr std::string_view hf_model_type = "mistral";
   MistralConfig() {
-    family = llama_family::mistral;
+    family = &llama_family::mistral;
     seq_len = 8192;
     intermediate_dim = 14336;
     num_kv_heads = 8;
@@ -220,7 +267,7 @@ struct MistralConfig : LlamaConfig {
 struct QwenConfig : LlamaConfig {
   static constexpr std::string_view type_name = "qwen";
   static constexpr std::string_view hf_model_type = "qwen2";
-  QwenConfig() { family = llama_family::qwen2; }
+  QwenConfig() { family = &llama_family::qwen2; }
 };
 
 /// `model: {type: qwen3}` (upstream Qwen3Config).
@@ -228,53 +275,8 @@ struct Qwen3Config : LlamaConfig {
   static constexpr std::string_view type_name = "qwen3";
   static constexpr std::string_view hf_model_type = "qwen3";
   Qwen3Config() {
-    family = llama_family::qwen3;
+    family = &llama_family::qwen3;
     sliding_window = 4096;
-  }
-};
-
-/// `model: {type: gemma}` (upstream GemmaConfig's defaults: Gemma 2B).
-struct GemmaConfig : LlamaConfig {
-  static constexpr std::string_view type_name = "gemma";
-  static constexpr std::string_view hf_model_type = "gemma";
-  GemmaConfig() {
-    family = llama_family::gemma;
-    activation_function = "gelu_new";
-    tie_word_embeddings = true;
-    seq_len = 8192;
-    hidden_dim = 2048;
-    intermediate_dim = 16384;
-    num_layers = 18;
-    num_heads = 8;
-    head_dim = 256;
-    num_kv_heads = 1;
-    reference_checkpoint = "google/gemma-2b";
-  }
-};
-
-/// `model: {type: gemma2}` (upstream Gemma2Config).
-struct Gemma2Config : GemmaConfig {
-  static constexpr std::string_view type_name = "gemma2";
-  static constexpr std::string_view hf_model_type = "gemma2";
-  Gemma2Config() {
-    family = llama_family::gemma2;
-    query_pre_attn_scalar = 256.0;
-    final_logit_softcapping = 30.0;
-    attn_logit_softcapping = 50.0;
-    reference_checkpoint = "google/gemma-2-2b";
-  }
-};
-
-/// `model: {type: gemma3}` (upstream Gemma3Config; transformers' Gemma3TextConfig on disk).
-struct Gemma3Config : Gemma2Config {
-  static constexpr std::string_view type_name = "gemma3";
-  static constexpr std::string_view hf_model_type = "gemma3_text";
-  Gemma3Config() {
-    family = llama_family::gemma3;
-    use_qk_norm = true;
-    final_logit_softcapping.reset();
-    attn_logit_softcapping.reset();
-    reference_checkpoint = "google/gemma-3-1b-pt";
   }
 };
 
@@ -284,7 +286,7 @@ struct Olmo2Config : LlamaConfig {
   static constexpr std::string_view hf_model_type = "olmo2";
   bool attention_bias = false;  ///< upstream's key; biases in the attention projections are not supported
   Olmo2Config() {
-    family = llama_family::olmo2;
+    family = &llama_family::olmo2;
     seq_len = 4096;
     layer_norm_epsilon = 1e-6;
     reference_checkpoint = "allenai/OLMo-2-1124-7B";
@@ -297,7 +299,7 @@ struct MixtralConfig : LlamaConfig {
   static constexpr std::string_view type_name = "mixtral";
   static constexpr std::string_view hf_model_type = "mixtral";
   MixtralConfig() {
-    family = llama_family::mixtral;
+    family = &llama_family::mixtral;
     seq_len = 8192;
     intermediate_dim = 14336;
     num_kv_heads = 8;
@@ -309,14 +311,22 @@ struct MixtralConfig : LlamaConfig {
   }
 };
 
-/// Adds every problem of a Llama-family `model:` section to `v` (keys under `model.`).
+/// Adds every problem of a Llama-family `model:` section to `v` (keys under `model.`), with the checks of the
+/// member's own files (`validate_variant` of its listed config type) when it has them.
 void validate(config::validator& v, const LlamaConfig& m);
 
 /// The same for `type: olmo2`, which adds attention_bias.
 void validate(config::validator& v, const Olmo2Config& m);
 
 /// The `type:` name of a family member.
-std::string_view family_type_name(llama_family f);
+inline std::string_view family_type_name(const llama_variant* f) { return f->type_name; }
+
+namespace detail {
+inline bool every_layer_local(const LlamaConfig&, std::int64_t) { return true; }
+inline bool layers_from_max_window_local(const LlamaConfig& c, std::int64_t i) {
+  return c.use_sliding_window && i >= c.max_window_layers;
+}
+}  // namespace detail
 
 }  // namespace levanter
 
@@ -412,34 +422,6 @@ struct levanter::config::schema<levanter::Qwen3Config> {
       field("max_window_layers", &T::max_window_layers, "layers before this one attend in full"));
 };
 
-#define LEVANTER_GEMMA_FIELDS_(T)                                                                                 \
-  LEVANTER_LLAMA_COMMON_FIELDS_(T),                                                                                \
-      field("query_pre_attn_scalar", &T::query_pre_attn_scalar, "attention scale 1/sqrt(this) (default head size)")
-#define LEVANTER_GEMMA2_FIELDS_(T)                                                                                 \
-  LEVANTER_GEMMA_FIELDS_(T), field("final_logit_softcapping", &T::final_logit_softcapping, "logits c*tanh(z/c)"),  \
-      field("attn_logit_softcapping", &T::attn_logit_softcapping, "attention scores c*tanh(s/c)"),                 \
-      field("use_qk_norm", &T::use_qk_norm, "RMSNorm of each query and key head"),                                 \
-      field("sliding_window", &T::sliding_window, "attention window of the local layers (none: every layer global)")
-
-template <>
-struct levanter::config::schema<levanter::GemmaConfig> {
-  using T = levanter::GemmaConfig;
-  static constexpr auto fields = std::make_tuple(LEVANTER_GEMMA_FIELDS_(T));
-};
-template <>
-struct levanter::config::schema<levanter::Gemma2Config> {
-  using T = levanter::Gemma2Config;
-  static constexpr auto fields = std::make_tuple(LEVANTER_GEMMA2_FIELDS_(T));
-};
-template <>
-struct levanter::config::schema<levanter::Gemma3Config> {
-  using T = levanter::Gemma3Config;
-  static constexpr auto fields = std::make_tuple(
-      LEVANTER_GEMMA2_FIELDS_(T),
-      field("sliding_window_pattern", &T::sliding_window_pattern, "every p-th layer global, the others local"),
-      field("rope_local_base_freq", &T::rope_local_base_freq, "RoPE base of the local layers"));
-};
-
 template <>
 struct levanter::config::schema<levanter::Olmo2Config> {
   using T = levanter::Olmo2Config;
@@ -465,8 +447,5 @@ LEVANTER_CONFIG_SECTION_EXTERN(levanter::LlamaConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::MistralConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::QwenConfig)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::Qwen3Config)
-LEVANTER_CONFIG_SECTION_EXTERN(levanter::GemmaConfig)
-LEVANTER_CONFIG_SECTION_EXTERN(levanter::Gemma2Config)
-LEVANTER_CONFIG_SECTION_EXTERN(levanter::Gemma3Config)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::Olmo2Config)
 LEVANTER_CONFIG_SECTION_EXTERN(levanter::MixtralConfig)

@@ -1,7 +1,8 @@
 // levanter/models/llama_hf.hpp: the Llama family to and from Hugging Face (`transformers`' LlamaForCausalLM,
 // MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, the text-only
-// Gemma3ForCausalLM (model_type gemma3_text) and Olmo2ForCausalLM), as an adapter for compat/hf.hpp. Gemma's norm weights are stored as
-// Hugging Face stores them (the scale is 1 + weight), so they move unchanged.
+// Gemma3ForCausalLM (model_type gemma3_text), Olmo2ForCausalLM and MixtralForCausalLM), as an adapter for
+// compat/hf.hpp. Gemma's norm weights are stored as Hugging Face stores them (the scale is 1 + weight), so they move
+// unchanged.
 //
 // Names follow upstream's state-dict key map: `transformer.` -> `model.`, `embeddings.` dropped,
 // `token_embeddings` -> `embed_tokens`, stacked layers unstacked to `model.layers.0.`, ...; the untied head is
@@ -10,8 +11,8 @@
 //
 // config.json is written as transformers 5 writes it (`rope_parameters` with `rope_theta` inside); reading also
 // accepts transformers 4's `rope_theta` + `rope_scaling`. The config's `type:` decides which model_type a
-// directory must have (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, olmo2, mixtral). OLMo 2's whole-projection
-// QK norms (our q_proj_norm / k_proj_norm) are its self_attn.q_norm / k_norm.
+// directory must have (its variant's: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, olmo2, mixtral).
+// OLMo 2's whole-projection QK norms (our q_proj_norm / k_proj_norm) are its self_attn.q_norm / k_norm.
 #pragma once
 
 #include <cstdint>
@@ -30,11 +31,9 @@ namespace levanter::hf {
 template <>
 struct hf_adapter<llama::LMHeadModel> {
   static constexpr std::string_view model_type = "llama";
-  /// Every model_type of the family is read; from_hf_config then checks it against the config's `type:`.
-  static bool reads_model_type(std::string_view t) {
-    return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "gemma" || t == "gemma2" ||
-           t == "gemma3_text" || t == "olmo2" || t == "mixtral";
-  }
+  /// Every model_type of the family (its listed config types' hf_model_type) is read; from_hf_config then checks it
+  /// against the config's `type:`.
+  static bool reads_model_type(std::string_view t);
   /// The config.json model_type of a config.
   static std::string_view model_type_of(const LlamaConfig& c);
   static nlohmann::json to_hf_config(const LlamaConfig& c, std::int64_t vocab);

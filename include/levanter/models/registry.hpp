@@ -34,6 +34,23 @@ struct model_choice_of {
 using ModelChoice = detail::model_choice_of<void LEVANTER_BUILTIN_MODELS(LEVANTER_MODEL_CONFIG_TYPES)>::type;
 #undef LEVANTER_MODEL_CONFIG_TYPES
 
+namespace detail {
+// A recursion, not a fold over lambdas: clang 14 crashes instantiating the latter here.
+template <class V, std::size_t I, class F>
+void for_each_alternative(F& f) {
+  if constexpr (I < std::variant_size_v<V>) {
+    f(std::type_identity<std::variant_alternative_t<I, V>>{});
+    for_each_alternative<V, I + 1>(f);
+  }
+}
+}  // namespace detail
+
+/// Calls `f(std::type_identity<C>{})` for every `model:` config type C of the model list, in its order.
+template <class F>
+void for_each_model_config(F&& f) {
+  detail::for_each_alternative<decltype(ModelChoice{}.value), 0>(f);
+}
+
 /// The `type:` name of a model config (a config type shared by several types says which by its family).
 template <class C>
 std::string_view model_type_name(const C& c) {
@@ -49,23 +66,17 @@ template <class C>
 ModelChoice as_model_choice(const C& c) {
   ModelChoice r;
   if constexpr (std::is_base_of_v<LlamaConfig, C>) {
-    using V = decltype(r.value);
     bool found = false;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (
-          [&] {
-            using T = std::variant_alternative_t<I, V>;
-            if constexpr (std::is_base_of_v<LlamaConfig, T>) {
-              if (!found && T{}.family == c.family) {
-                T t;
-                static_cast<LlamaConfig&>(t) = c;
-                r.value = t;
-                found = true;
-              }
-            }
-          }(),
-          ...);
-    }(std::make_index_sequence<std::variant_size_v<V>>{});
+    for_each_model_config([&]<class T>(std::type_identity<T>) {
+      if constexpr (std::is_base_of_v<LlamaConfig, T>) {
+        if (!found && T{}.family == c.family) {
+          T t;
+          static_cast<LlamaConfig&>(t) = c;
+          r.value = t;
+          found = true;
+        }
+      }
+    });
   } else {
     r.value = c;
   }
