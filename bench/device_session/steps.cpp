@@ -143,6 +143,7 @@ struct trainer {
     Kokkos::fence();
     if (fwd_bwd) *fwd_bwd += t1 - t0;
     if (update) *update += now_s() - t1;
+    hax::buffer_cache_step_boundary();  // as the Trainer marks its steps
     return value;
   }
   double forward_only() {

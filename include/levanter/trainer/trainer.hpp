@@ -256,6 +256,8 @@ class Trainer {
       loop.checkpoint(step);
       loop.run_hooks(step, out);
       loop.profile_end(step, out, t_hooks);
+      // the next step repeats this one's shapes: keep what it used, give back what it left idle (haliax/core.hpp)
+      haliax::buffer_cache_step_boundary();
     }
     return loop.finish();
   }
