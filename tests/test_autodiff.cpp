@@ -4,6 +4,7 @@
 
 #include <haliax/autodiff.hpp>
 #include <haliax/haliax.hpp>
+#include <haliax/detail/tool_counters.hpp>
 
 #include "gradcheck.hpp"
 #include "test_axes.hpp"
@@ -55,6 +56,27 @@ TEST_CASE("an input used twice accumulates both contributions") {
   auto g = hax::grad([](const auto& v) { return hax::sum(v * v + v); })(x);
   auto want = (x * 2.0 + 1.0).to_host();
   check_close(g.to_host(), want, 1e-12, 1e-12);
+}
+
+TEST_CASE("a gradient with several contributions is summed by kernels, with no deep copy") {
+  // The second contribution is added to the first into the node's own buffer by one kernel: a deep copy of the
+  // first would fence a GPU twice, for each residual stream, fused projection and tied embedding, every step.
+  auto x = random_array<float>(16, 64 * X, 32 * Y);
+  auto w = random_array<float>(17, 64 * X, 32 * Y);
+  auto v = random_array<float>(18, 64 * X, 32 * Y);
+  auto u = random_array<float>(19, 64 * X, 32 * Y);
+  auto run = [&](const auto& f) {
+    hax::detail::tools::counter c;
+    c.start();
+    auto g = hax::grad(f)(x);
+    const auto n = c.stop();
+    return std::pair{g.to_host(), n.deep_copies};
+  };
+  const auto [g1, copies1] = run([&](const auto& a) { return hax::sum(a * w); });
+  const auto [g3, copies3] = run([&](const auto& a) { return hax::sum(a * w + a * v + a * u); });
+  CHECK(copies3 == copies1);  // three contributions cost no copy more than one
+  check_close(g1, w.to_host(), 0, 0);
+  check_close(g3, (w + v + u).to_host(), 1e-6, 1e-6);
 }
 
 TEST_CASE("aux outputs are returned alongside the loss") {

@@ -1,5 +1,8 @@
 // Gradient rules of the unary and binary elementwise ops (ops/elementwise.hpp), each checked against central
 // finite differences in double, plus the JAX conventions at ties, kinks and zero with exact expected values.
+#include <algorithm>
+#include <random>
+
 #include "grad_elementwise_helpers.hpp"
 
 // ---------------------------------------------------------------------------------------------------------
@@ -116,6 +119,44 @@ TEST_CASE("binary ops broadcast by name: gradients are summed over the broadcast
   check_binary([](const auto& p, const auto& q) { return hax::arctan2(p, q); }, a, s);
   check_binary([](const auto& p, const auto& q) { return hax::logaddexp(p, q); }, a, row);
   check_binary([](const auto& p, const auto& q) { return hax::logaddexp(p, q); }, s, a);
+}
+
+TEST_CASE("a broadcast's gradient sums each column in 128-row chunks, then the chunks in order") {
+  // The column sums behind bias and norm-weight gradients run in two fixed-shape stages (a GPU gets
+  // rows / 128 x cols threads, not one per column): each 128-row chunk in order, in double, then the chunks in
+  // order. The result must be exactly that order's, on any build and thread count; values over sixteen orders
+  // of magnitude make the order visible (a single pass over the rows gives other bits).
+  constexpr std::size_t R = 1000, Cn = 700;  // 8 chunks, the last one short; two host column blocks
+  std::mt19937_64 gen(90);
+  std::uniform_real_distribution<double> mant(-1.0, 1.0);
+  std::uniform_int_distribution<int> expo(-8, 8);
+  std::vector<double> hw(R * Cn);
+  for (auto& v : hw) v = mant(gen) * std::pow(10.0, expo(gen));
+  auto w = hax::from_host<double>(hw, 1000 * X, 700 * Y);
+  auto x = random_array<double>(91, 1000 * X, 700 * Y);
+  auto b = random_array<double>(92, 700 * Y);
+  auto g = hax::grad([&](const auto& bb) { return hax::sum((x + bb) * w); })(b).to_host();
+  std::vector<double> chunked(Cn, 0.0), serial(Cn, 0.0);
+  for (std::size_t c = 0; c < Cn; ++c) {
+    for (std::size_t r0 = 0; r0 < R; r0 += 128) {
+      double part = 0.0;
+      for (std::size_t r = r0; r < std::min(R, r0 + 128); ++r) part += hw[r * Cn + c];
+      chunked[c] += part;
+    }
+    for (std::size_t r = 0; r < R; ++r) serial[c] += hw[r * Cn + c];
+  }
+  CHECK(g == chunked);
+  CHECK(g != serial);  // the test data tells the two orders apart
+  check_close(g, serial, 1e-6, 1e-9);
+  // and with at most one chunk, one pass (the same bits as two stages over one chunk)
+  auto w1 = hax::slice(w, X, 0, 128);
+  auto x1 = hax::slice(x, X, 0, 128);
+  auto g1 = hax::grad([&](const auto& bb) { return hax::sum((x1 + bb) * w1); })(b).to_host();
+  for (std::size_t c = 0; c < Cn; ++c) {
+    double s1 = 0.0;
+    for (std::size_t r = 0; r < 128; ++r) s1 += hw[r * Cn + c];
+    CHECK(g1[c] == s1);
+  }
 }
 
 TEST_CASE("binary ops with a scalar operand on either side") {

@@ -10,6 +10,7 @@
 #include <haliax/autodiff.hpp>
 #include <haliax/haliax.hpp>
 #include <haliax/nn/loss.hpp>
+#include <haliax/detail/tool_counters.hpp>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -164,6 +165,44 @@ TEST_CASE("cross_entropy_loss: where_mask drops tokens from the loss and from th
   auto none_kept = hax::zeros<bool>(2 * Batch, 3 * Pos);
   CHECK(std::isnan(nn::cross_entropy_loss(logits, Vocab, ids, hax::where_mask{none_kept}).item()));
   CHECK(nn::cross_entropy_loss(logits, Vocab, ids, hax::where_mask{none_kept}, nn::reduce_sum).item() == 0.0);
+}
+
+TEST_CASE("cross_entropy_loss: the loss and its gradient stay on the device (nothing read back until item())") {
+  // The masked mean's sum and kept count are finished on the device (block sums in order by one work item) and
+  // the gradient's 1 / count read there: a GPU step synchronises for neither (it used to read back both sums).
+  auto logits = random_array<float>(3, 4 * Batch, 3000 * Pos, 7 * Vocab) * 3.0f;  // 12000 tokens: 3 blocks
+  auto ids = random_array<float>(4, 4 * Batch, 3000 * Pos);
+  std::vector<std::int32_t> hid;
+  std::vector<bool> keep;
+  for (float v : ids.to_host()) {
+    hid.push_back(static_cast<std::int32_t>(std::abs(v) * 7) % 7);
+    keep.push_back(v > -0.5f);
+  }
+  auto tg = hax::from_host<std::int32_t>(hid, 4 * Batch, 3000 * Pos);
+  auto mask = hax::from_host(keep, 4 * Batch, 3000 * Pos);
+  auto f = [&](const auto& x) { return nn::cross_entropy_loss(x, Vocab, tg, hax::where_mask{mask}); };
+  haliax::detail::tools::counter c;
+  c.start();
+  auto [loss, grad] = hax::value_and_grad(f)(logits);
+  const auto n = c.stop();
+  CHECK(n.deep_copies == 0);
+  // the values: the mean over the kept tokens, and the gradient (softmax - onehot) / count on kept tokens
+  const auto hx = logits.to_host();
+  const auto hg = grad.to_host();
+  double sum = 0, kept = 0, worst = 0;
+  std::vector<double> dref(hx.size(), 0.0);
+  for (std::size_t r = 0; r < hid.size(); ++r) {
+    if (!keep[r]) continue;
+    kept += 1;
+    double m = -1e300, z = 0;
+    for (int k = 0; k < 7; ++k) m = std::max(m, double(hx[r * 7 + k]));
+    for (int k = 0; k < 7; ++k) z += std::exp(double(hx[r * 7 + k]) - m);
+    sum += m + std::log(z) - double(hx[r * 7 + static_cast<std::size_t>(hid[r])]);
+    for (int k = 0; k < 7; ++k) dref[r * 7 + k] = std::exp(double(hx[r * 7 + k]) - m) / z - (k == hid[r] ? 1.0 : 0.0);
+  }
+  CHECK(loss.item() == doctest::Approx(sum / kept).epsilon(1e-6));
+  for (std::size_t i = 0; i < hg.size(); ++i) worst = std::max(worst, std::abs(double(hg[i]) - dref[i] / kept));
+  CHECK(worst < 1e-8);
 }
 
 TEST_CASE("cross_entropy_loss: an out-of-range target (ignore id) has a zero term but counts in the mean") {

@@ -1395,6 +1395,33 @@ TEST_CASE("adamw: the portable loop gives bitwise the host loop's parameters and
   }
 }
 
+// The gradient norm's order: squares in double per 256-element block, then the blocks in order (the portable
+// loop gives each block its own work item; the test above checks it is bitwise this). Magnitudes over twelve
+// orders make the order visible: a serial sum over the elements gives other bits.
+TEST_CASE("adamw: the gradient norm sums its squares per 256-element block, then the blocks in order") {
+  namespace k = opt::detail::adamw;
+  const int64_t n = 5000;  // 19 full blocks and a short one
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-6, 6);
+  std::vector<float> g(n);
+  for (auto& x : g) x = u(rng) * std::pow(10.0f, static_cast<float>(e(rng)));
+  double blocks = 0, serial = 0;
+  for (int64_t i = 0; i < n; i += 256) {
+    double s = 0;
+    for (int64_t j = i; j < std::min(n, i + 256); ++j) s += static_cast<double>(g[j]) * g[j];
+    blocks += s;
+  }
+  for (int64_t j = 0; j < n; ++j) serial += static_cast<double>(g[j]) * g[j];
+  CHECK(k::grad_squares(g.data(), n) == blocks);
+  CHECK(blocks != serial);  // the data tells the orders apart
+  CHECK(k::grad_squares(g.data(), 200) == [&] {
+    double s = 0;
+    for (int64_t j = 0; j < 200; ++j) s += static_cast<double>(g[j]) * g[j];
+    return s;
+  }());
+}
+
 // The compiled element loop on each instruction set against the same update written out here element by element
 // (this file is built without -march and at -O0: plain scalar SSE float operations, no FMA). Bitwise equality
 // on every path is what keeps training results independent of the CPU a run lands on.

@@ -250,6 +250,9 @@ int run_steps(const options& o, const Setup& setup, std::int64_t batch) {
       "", fmt("arrays' peak %.2f GiB", double(cache1.peak_leased_bytes) / (1 << 30)));
   row(sec, "per step: allocations besides buffer-cache misses", fmt("%lld", (long long)outside_cache), "",
       "scratch views, mirrors and tables allocated in a steady-state step (the aim is none)");
+  row(sec, "per step: device synchronisations (fences + deep copies + allocations)",
+      fmt("%lld", (long long)(n.fences + n.deep_copies + n.allocations)), "",
+      "each fences a GPU; the deep copies by label are in the log (the aim is one read-back a step)");
   {
     std::vector<std::pair<std::int64_t, std::string>> by_count;
     for (const auto& [label, k] : n.allocation_labels) by_count.push_back({k, label});
@@ -258,6 +261,13 @@ int run_steps(const options& o, const Setup& setup, std::int64_t batch) {
     for (std::size_t i = 0; i < by_count.size() && i < 12; ++i)
       top += fmt("%s%s x%lld", i ? ", " : "", by_count[i].second.c_str(), (long long)by_count[i].first);
     std::printf("allocations in the counted step by label: %s\n", top.empty() ? "none" : top.c_str());
+    by_count.clear();
+    for (const auto& [label, k] : n.copy_labels) by_count.push_back({k, label});
+    std::sort(by_count.rbegin(), by_count.rend());
+    top.clear();
+    for (std::size_t i = 0; i < by_count.size() && i < 12; ++i)
+      top += fmt("%s%s x%lld", i ? ", " : "", by_count[i].second.c_str(), (long long)by_count[i].first);
+    std::printf("deep copies in the counted step by label: %s\n", top.empty() ? "none" : top.c_str());
   }
   std::string lossline;
   for (double l : losses) lossline += fmt("%.4f ", l);

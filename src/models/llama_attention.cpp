@@ -1,11 +1,75 @@
 // The Llama family's attention (one layer): projections, QK norms and RoPE, then the shared attention
 // (levanter/layers/attention.hpp). Compiled on its own, beside the rest of the model (llama.cpp), so the
 // two heaviest instantiations build in parallel.
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include <haliax/haliax.hpp>
 #include <levanter/layers/attention.hpp>
 #include <levanter/models/llama.hpp>
 
 namespace levanter::llama {
+
+namespace {
+
+/// The RoPE tables made so far, by what determines them (positions, head size, inverse frequencies, scaling): every
+/// layer of every step asks for the same few, and a table is built on the host and copied to the arrays' memory,
+/// a device synchronisation per layer per step on a GPU (two of a small two-layer Llama step's nine). Kept as plain
+/// Views outside the buffer cache, so emptying the memo (with the buffer cache, haliax::clear_buffer_cache, under
+/// the cache's lock) never reaches the cache; bounded.
+template <class Array>
+struct rope_memo {
+  using view = typename Array::view_type;
+  using key = std::tuple<std::int64_t, std::int64_t, std::vector<float>, double>;
+  static constexpr std::size_t max_tables = 64;
+  std::mutex m;
+  std::map<key, std::pair<view, view>> tables;
+
+  static rope_memo& instance() {
+    static rope_memo* memo = [] {
+      auto* p = new rope_memo();  // never destroyed: its Views are released by clear() before Kokkos finalizes
+      auto& reg = hax::detail::cache_registry::instance();
+      std::lock_guard<std::mutex> lk(reg.m);
+      reg.clearers.push_back(&rope_memo::clear);
+      return p;
+    }();
+    return *memo;
+  }
+  static void clear() {
+    auto& memo = instance();
+    std::lock_guard<std::mutex> lk(memo.m);
+    memo.tables.clear();
+  }
+};
+
+/// nn::rope_tables(pos, head, s) from the memo: the same values, copied to the device once.
+template <class SP, class SH>
+auto rope_tables_of(SP pos, SH head, const nn::rope_spec& s) {
+  using table = decltype(nn::rope_tables(pos, head, s));
+  using array = decltype(table::cos);
+  auto& memo = rope_memo<array>::instance();
+  typename rope_memo<array>::key k{pos.size, head.size, nn::rope_inv_freq(s, head.size), nn::rope_attention_scaling(s)};
+  std::lock_guard<std::mutex> lk(memo.m);
+  auto it = memo.tables.find(k);
+  if (it == memo.tables.end()) {
+    const table t = nn::rope_tables(pos, head, s);
+    using view = typename rope_memo<array>::view;
+    const auto n = static_cast<std::size_t>(t.cos.element_count());
+    view c(Kokkos::view_alloc(Kokkos::WithoutInitializing, "levanter::llama(rope cos)"), n);
+    view sn(Kokkos::view_alloc(Kokkos::WithoutInitializing, "levanter::llama(rope sin)"), n);
+    Kokkos::deep_copy(c, Kokkos::subview(t.cos.view(), std::pair<std::size_t, std::size_t>(0, n)));
+    Kokkos::deep_copy(sn, Kokkos::subview(t.sin.view(), std::pair<std::size_t, std::size_t>(0, n)));
+    if (memo.tables.size() >= rope_memo<array>::max_tables) memo.tables.clear();
+    it = memo.tables.emplace(std::move(k), std::pair{c, sn}).first;
+  }
+  return table{array(it->second.first, {pos.size, head.size}), array(it->second.second, {pos.size, head.size})};
+}
+
+}  // namespace
 
 hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, const token_batch& segments,
                  std::int64_t layer) {
@@ -21,7 +85,7 @@ hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, 
     k = hax::unflatten_axis((*a.k_proj_norm)(hax::flatten_axes(k, axes<KVHeads, HeadSize>{}, KFeatures)), KFeatures,
                             k.sized(KVHeads), k.sized(HeadSize));
   }
-  const auto rope = nn::rope_tables(x.sized(Pos), q.sized(HeadSize), rope_spec_of(cfg.rope_of_layer(layer)));
+  const auto rope = rope_tables_of(x.sized(Pos), q.sized(HeadSize), rope_spec_of(cfg.rope_of_layer(layer)));
   q = nn::apply_rotary(q, rope, Pos, HeadSize);
   auto kr = hax::rename(nn::apply_rotary(k, rope, Pos, HeadSize), Pos, KeyPos);
   auto vr = hax::rename(v, Pos, KeyPos);

@@ -196,29 +196,33 @@ std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nes
   hd::buffer_lease<double> sums_lease;
   sums_lease.view = hd::buffer_cache<double>::take(static_cast<std::size_t>(nc), "adamw chunk sums");
   const auto sums = sums_lease.view;
+  constexpr int64_t chunk_cap = int64_t{1} << 15;
+  constexpr int64_t per_chunk = chunk_cap / block_elems;
+  for (const auto& r : chunks)
+    if (r.n > chunk_cap) Kokkos::abort("levanter::adamw: a chunk larger than the portable loop's 2^15 elements");
+  hd::buffer_lease<double> blocks_lease;
+  blocks_lease.view = hd::buffer_cache<double>::take(static_cast<std::size_t>(nc * per_chunk), "adamw block sums");
+  const auto blocks = blocks_lease.view;
   if (job == chunk_job::grad_squares) {
-    // As the host: one double sum per chunk, element by element.
+    // As grad_squares: each 256-element block's squares in order (one work item per block, 128 per chunk, where
+    // one thread walked a whole chunk), then each chunk's blocks in order (below).
     Kokkos::parallel_for(
-        "levanter::adamw(grad squares)", Kokkos::RangePolicy<exec>(0, nc), KOKKOS_LAMBDA(int64_t ci) {
+        "levanter::adamw(grad squares)", Kokkos::RangePolicy<exec>(0, nc * per_chunk), KOKKOS_LAMBDA(int64_t w) {
+          const int64_t ci = w / per_chunk, b = w - ci * per_chunk;
           const chunk_ref r = refs(ci);
+          const int64_t i0 = b * block_elems;
+          const int64_t i1 = i0 + block_elems < r.n ? i0 + block_elems : r.n;
           double s = 0;
-          for (int64_t k = 0; k < r.n; ++k) s += static_cast<double>(r.g[k]) * r.g[k];
-          sums(ci) = s;
+          for (int64_t k = i0; k < i1; ++k) s += static_cast<double>(r.g[k]) * r.g[k];
+          blocks(w) = s;
         });
   } else {
     // Three kernels: the elements (one work item each, so a GPU's accesses coalesce), each writing its square;
     // the squares of each block of block_elems in four interleaved double accumulators, as run_range sums
     // them; then each chunk's blocks in order.
-    constexpr int64_t chunk_cap = int64_t{1} << 15;
-    constexpr int64_t per_chunk = chunk_cap / block_elems;
-    for (const auto& r : chunks)
-      if (r.n > chunk_cap) Kokkos::abort("levanter::adamw: a chunk larger than the portable loop's 2^15 elements");
     hd::buffer_lease<float> squares_lease;
     squares_lease.view = hd::buffer_cache<float>::take(static_cast<std::size_t>(nc * chunk_cap), "adamw squares");
-    hd::buffer_lease<double> blocks_lease;
-    blocks_lease.view = hd::buffer_cache<double>::take(static_cast<std::size_t>(nc * per_chunk), "adamw block sums");
     const auto squares = squares_lease.view;
-    const auto blocks = blocks_lease.view;
     const consts cc = c;
     Kokkos::parallel_for(
         "levanter::adamw(update)", Kokkos::RangePolicy<exec>(0, nc * chunk_cap), KOKKOS_LAMBDA(int64_t e) {
@@ -243,15 +247,26 @@ std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nes
           for (int64_t j = 0; j < k; ++j) acc[j < k4 ? j % 4 : 0] += static_cast<double>(squares(base + j));
           blocks(w) = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         });
-    Kokkos::parallel_for(
-        "levanter::adamw(chunk sums)", Kokkos::RangePolicy<exec>(0, nc), KOKKOS_LAMBDA(int64_t ci) {
-          const int64_t nb = (refs(ci).n + block_elems - 1) / block_elems;
-          double total = 0;
-          for (int64_t b = 0; b < nb; ++b) total += blocks(ci * per_chunk + b);
-          sums(ci) = total;
-        });
   }
+  Kokkos::parallel_for(
+      "levanter::adamw(chunk sums)", Kokkos::RangePolicy<exec>(0, nc), KOKKOS_LAMBDA(int64_t ci) {
+        const int64_t nb = (refs(ci).n + block_elems - 1) / block_elems;
+        double total = 0;
+        for (int64_t b = 0; b < nb; ++b) total += blocks(ci * per_chunk + b);
+        sums(ci) = total;
+      });
   return hd::read_back(sums);
+}
+
+double grad_squares(const float* g, int64_t n) {
+  double total = 0;
+  for (int64_t i = 0; i < n; i += block_elems) {
+    const int64_t k = std::min(block_elems, n - i);
+    double s = 0;
+    for (int64_t j = i; j < i + k; ++j) s += static_cast<double>(g[j]) * g[j];
+    total += s;
+  }
+  return total;
 }
 
 const char* kernel_isa() {

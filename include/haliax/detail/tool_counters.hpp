@@ -44,6 +44,8 @@ struct counts {
   std::int64_t deallocations = 0;    ///< frees in the arrays' memory space
   /// The allocations by Kokkos label (a buffer-cache miss is labelled by the array's op): where they come from
   std::map<std::string, std::int64_t> allocation_labels;
+  /// The deep copies by "destination <- source" labels (an unlabelled host buffer shows as "host"): where they come from
+  std::map<std::string, std::int64_t> copy_labels;
 };
 
 namespace detail_ {
@@ -95,6 +97,10 @@ inline std::mutex& labels_mutex() {
   static std::mutex m;
   return m;
 }
+inline std::map<std::string, std::int64_t>& live_copy_labels() {
+  static std::map<std::string, std::int64_t> m;
+  return m;
+}
 inline std::map<std::string, std::int64_t>& live_labels() {
   static std::map<std::string, std::int64_t> m;
   return m;
@@ -122,9 +128,17 @@ extern "C" inline void count_alloc(Kokkos::Profiling::SpaceHandle s, const char*
 extern "C" inline void count_free(Kokkos::Profiling::SpaceHandle s, const char*, const void*, std::uint64_t) {
   if (arrays_space(s)) ++live().deallocations;
 }
-extern "C" inline void count_copy(Kokkos::Profiling::SpaceHandle, const char*, const void*,
-                                  Kokkos::Profiling::SpaceHandle, const char*, const void*, std::uint64_t) {
+extern "C" inline void count_copy(Kokkos::Profiling::SpaceHandle ds, const char* dst, const void*,
+                                  Kokkos::Profiling::SpaceHandle ss, const char* src, const void*, std::uint64_t) {
   ++live().deep_copies;
+  try {
+    auto name = [](const Kokkos::Profiling::SpaceHandle& s, const char* l) {
+      return std::string(l != nullptr && *l != 0 ? l : arrays_space(s) ? "(unlabelled)" : "host");
+    };
+    std::lock_guard<std::mutex> lk(labels_mutex());
+    ++live_copy_labels()[name(ds, dst) + " <- " + name(ss, src)];
+  } catch (...) {  // a Kokkos callback must not throw; the copy is then not tallied by label
+  }
 }
 
 }  // namespace detail_
@@ -140,6 +154,7 @@ class counter {
     {
       std::lock_guard<std::mutex> lk(detail_::labels_mutex());
       detail_::live_labels().clear();
+      detail_::live_copy_labels().clear();
     }
     gemms0_ = gemm_profile::launches.load();
     E::set_begin_parallel_for_callback(&detail_::count_kernel);
@@ -171,6 +186,7 @@ class counter {
     {
       std::lock_guard<std::mutex> lk(detail_::labels_mutex());
       c.allocation_labels = detail_::live_labels();
+      c.copy_labels = detail_::live_copy_labels();
     }
     c.gemms = gemm_profile::launches.load() - gemms0_;
     return c;

@@ -67,28 +67,39 @@ inline constexpr bool axis_subset_v =
 
 /// sum over r in [0, n) of what `f(r, acc)` adds to acc, in double, with an order fixed by n alone on every
 /// backend and thread count (Kokkos::parallel_reduce's order depends on both): blocks of 4096 terms are summed
-/// in order inside a kernel in the arrays' memory space, then the block sums in order on the host.
+/// in order, one block per work item, then the block sums in order by one work item, which writes the total to
+/// `out[0]` in the arrays' memory. Nothing is read back: a loss stays on the device until the caller reads it
+/// (once per step), where reading back the block sums cost a GPU a synchronisation per sum.
 template <class F>
-double ordered_sum(const char* label, std::int64_t n, const F& f) {
+void ordered_sum(const char* label, std::int64_t n, const F& f, double* out) {
   constexpr std::int64_t block = 4096;
   const std::int64_t blocks = (n + block - 1) / block;
-  if (blocks == 0) return 0.0;
-  // the partial sums in a cached buffer, read back without a mirror: no allocation in a steady-state step
+  // the partial sums in a cached buffer (given back without a fence: the total's kernel runs after, in order)
   haliax::detail::buffer_lease<double> part;
-  part.view = haliax::detail::buffer_cache<double>::take(static_cast<std::size_t>(blocks), label);
+  part.view = haliax::detail::buffer_cache<double>::take(static_cast<std::size_t>(blocks > 0 ? blocks : 1), label);
   double* pp = part.view.data();
+  if (blocks > 0)
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<execution_space>(0, blocks), KOKKOS_LAMBDA(std::int64_t b) {
+          double acc = 0;
+          const std::int64_t end = (b + 1) * block < n ? (b + 1) * block : n;
+          for (std::int64_t r = b * block; r < end; ++r) f(r, acc);
+          pp[b] = acc;
+        });
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, blocks), KOKKOS_LAMBDA(std::int64_t b) {
-        double acc = 0;
-        const std::int64_t end = (b + 1) * block < n ? (b + 1) * block : n;
-        for (std::int64_t r = b * block; r < end; ++r) f(r, acc);
-        pp[b] = acc;
+      label, Kokkos::RangePolicy<execution_space>(0, 1), KOKKOS_LAMBDA(std::int64_t) {
+        double total = 0;
+        for (std::int64_t b = 0; b < blocks; ++b) total += pp[b];
+        out[0] = total;
       });
-  const auto host = haliax::detail::read_back(part.view);
-  double total = 0;
-  for (std::int64_t b = 0; b < blocks; ++b) total += host[static_cast<std::size_t>(b)];
-  return total;
 }
+
+/// How many tokens a reduction kept: all `tokens`, or with a mask the count in `kept` (a device scalar, so that
+/// neither the loss nor its gradient reads it back).
+struct kept_tokens {
+  std::int64_t tokens = 0;
+  named_array<double, axes<>> kept;  // valid with a mask
+};
 
 /// The result of a loss with reduction R over token axes Tok.
 template <class R, class T, class Tok>
@@ -557,25 +568,49 @@ void token_losses(T* po, const V* pl, const V* pc, const bool* mask, V wv, std::
       });
 }
 template <class V>
-double token_loss_sum(const V* pl, const V* pc, const bool* mask, double w, std::int64_t tokens) {
-  return ordered_sum(
-      "haliax::nn::cross_entropy(sum)", tokens, KOKKOS_LAMBDA(std::int64_t r, double& acc) {
+void token_loss_sum(const V* pl, const V* pc, const bool* mask, double w, std::int64_t tokens, double* out) {
+  ordered_sum(
+      "haliax::nn::cross_entropy(sum)", tokens,
+      KOKKOS_LAMBDA(std::int64_t r, double& acc) {
         if (mask && !mask[r]) return;
         acc += static_cast<double>(pc[r]) + (w != 0.0 ? w * static_cast<double>(pl[r]) * pl[r] : 0.0);
-      });
+      },
+      out);
 }
-inline double mask_count(const bool* mask, std::int64_t tokens) {
-  return ordered_sum(  // exact below 2^53 tokens
-      "haliax::nn::cross_entropy(count)", tokens,
-      KOKKOS_LAMBDA(std::int64_t r, double& acc) { acc += mask[r] ? 1.0 : 0.0; });
+inline void mask_count(const bool* mask, std::int64_t tokens, double* out) {
+  ordered_sum(  // exact below 2^53 tokens
+      "haliax::nn::cross_entropy(count)", tokens, KOKKOS_LAMBDA(std::int64_t r, double& acc) { acc += mask[r] ? 1.0 : 0.0; },
+      out);
+}
+/// The reduced loss from the device total (and kept count): total, or total / count (NaN when nothing is kept).
+template <class T>
+void finish_loss(T* out, const double* total, const double* kept, double tokens, bool mean) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Kokkos::parallel_for(
+      "haliax::nn::cross_entropy(reduce)", Kokkos::RangePolicy<execution_space>(0, 1), KOKKOS_LAMBDA(std::int64_t) {
+        double t = total[0];
+        if (mean) {
+          const double c = kept != nullptr ? kept[0] : tokens;
+          t = c > 0 ? t / c : nan;
+        }
+        out[0] = static_cast<T>(t);
+      });
 }
 template <class T, class V, class Tgt>
 void ce_coefficients_kernel(const T* pg, const bool* mask, const Tgt* ids, const V* ts, const V* pl, V* pc, V* pca,
-                            std::int64_t count_tokens, std::int64_t n, V wv, V scale, bool per_token) {
+                            std::int64_t count_tokens, std::int64_t n, V wv, const double* kept, bool mean,
+                            bool per_token) {
+  const double tokens = static_cast<double>(count_tokens);
   Kokkos::parallel_for(
       "haliax::nn::cross_entropy_grad(coefficients)", Kokkos::RangePolicy<execution_space>(0, count_tokens),
       KOKKOS_LAMBDA(std::int64_t r) {
-        HALIAX_CAPTURE(ids, ts, n);
+        HALIAX_CAPTURE(ids, ts, n, kept, tokens);
+        // the mean's 1 / count, from the device count (as the host computed it from the count before)
+        V scale = V(1);
+        if (mean) {
+          const double c = kept != nullptr ? kept[0] : tokens;
+          scale = c > 0 ? V(1) / static_cast<V>(c) : V(0);
+        }
         const V gv = per_token ? ld(pg, r) : ld(pg, 0) * scale;
         const V cv = mask && !mask[r] ? V(0) : gv;
         V base;
@@ -589,12 +624,12 @@ void ce_coefficients_kernel(const T* pg, const bool* mask, const Tgt* ids, const
       });
 }
 
-/// Per-token losses ce + w * lse^2 (zero where masked) reduced by R; `count` receives the number of kept
-/// tokens (the mean's denominator).
+/// Per-token losses ce + w * lse^2 (zero where masked) reduced by R, on the device (nothing read back); `count`
+/// receives the number of kept tokens (the mean's denominator; with a mask a device scalar).
 template <class R, class T, class Tok>
 loss_result_t<R, T, Tok> reduce_tokens(const named_array<compute_t<T>, Tok>& lse,
                                        const named_array<compute_t<T>, Tok>& ce, const bool* mask, double w,
-                                       std::int64_t& count) {
+                                       kept_tokens& count) {
   using V = compute_t<T>;
   const V* pl = lse.data();
   const V* pc = ce.data();
@@ -603,15 +638,20 @@ loss_result_t<R, T, Tok> reduce_tokens(const named_array<compute_t<T>, Tok>& lse
   if constexpr (std::is_same_v<R, reduce_none_t>) {
     auto out = named_array<T, Tok>::allocate(lse.sizes(), "haliax::nn::cross_entropy");
     token_losses<T, V>(out.data(), pl, pc, mask, wv, tokens);
-    count = tokens;
+    count.tokens = tokens;
     return out;
   } else {
-    double total = token_loss_sum<V>(pl, pc, mask, w, tokens);
-    count = tokens;
-    if (mask) count = static_cast<std::int64_t>(mask_count(mask, tokens));
-    if constexpr (std::is_same_v<R, reduce_mean_t>)
-      total = count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
-    return scalar<T>(static_cast<T>(total));
+    auto total = named_array<double, axes<>>::allocate({}, "haliax::nn::cross_entropy(sum)");
+    token_loss_sum<V>(pl, pc, mask, w, tokens, total.data());
+    count.tokens = tokens;
+    if (mask) {
+      count.kept = named_array<double, axes<>>::allocate({}, "haliax::nn::cross_entropy(count)");
+      mask_count(mask, tokens, count.kept.data());
+    }
+    auto out = named_array<T, axes<>>::allocate({}, "haliax::nn::cross_entropy");
+    finish_loss<T>(out.data(), total.data(), mask ? count.kept.data() : nullptr, static_cast<double>(tokens),
+                   std::is_same_v<R, reduce_mean_t>);
+    return out;
   }
 }
 
@@ -620,7 +660,7 @@ loss_result_t<R, T, Tok> reduce_tokens(const named_array<compute_t<T>, Tok>& lse
 /// 0 for an invalid one, and sum(t) for a distribution (`ts`).
 template <class R, class T, class Tok, class G, class Tgt>
 std::pair<named_array<compute_t<T>, Tok>, named_array<compute_t<T>, Tok>> ce_coefficients(
-    const G& g, const bool* mask, std::int64_t count, const named_array<compute_t<T>, Tok>& lse, const Tgt* ids,
+    const G& g, const bool* mask, const kept_tokens& count, const named_array<compute_t<T>, Tok>& lse, const Tgt* ids,
     const compute_t<T>* ts, std::int64_t n, double w) {
   using V = compute_t<T>;
   auto c = named_array<V, Tok>::allocate(lse.sizes(), "haliax::nn::cross_entropy_grad(c)");
@@ -631,8 +671,9 @@ std::pair<named_array<compute_t<T>, Tok>, named_array<compute_t<T>, Tok>> ce_coe
   V* pca = ca.data();
   const V wv = static_cast<V>(w);
   constexpr bool per_token = std::is_same_v<R, reduce_none_t>;
-  const V scale = std::is_same_v<R, reduce_mean_t> ? (count > 0 ? V(1) / static_cast<V>(count) : V(0)) : V(1);
-  ce_coefficients_kernel<T, V, Tgt>(pg, mask, ids, ts, pl, pc, pca, lse.element_count(), n, wv, scale, per_token);
+  ce_coefficients_kernel<T, V, Tgt>(pg, mask, ids, ts, pl, pc, pca, lse.element_count(), n, wv,
+                                    count.kept.valid() ? count.kept.data() : nullptr,
+                                    std::is_same_v<R, reduce_mean_t>, per_token);
   return {c, ca};
 }
 
@@ -652,7 +693,7 @@ auto cross_entropy(const named_array<T, Axes>& logits, const named_array<Tgt, Tg
   named_array<V, Tok> ts;
   if constexpr (dense_targets_v<Tgt>) ts = named_array<V, Tok>::allocate(tok_sizes, "haliax::nn::cross_entropy(ts)");
   ce_forward(logits.data(), tg.data(), sp, lse.data(), ce.data(), dense ? ts.data() : static_cast<V*>(nullptr));
-  std::int64_t count = 0;
+  kept_tokens count;
   const bool* pm = mask ? mask->data() : nullptr;
   auto out = reduce_tokens<R, T>(lse, ce, pm, w, count);
 
@@ -972,7 +1013,7 @@ auto blockwise_cross_entropy(const named_array<T, AxH>& hidden, const named_arra
     }
     blockwise_finish<V>(pa, pxt, ids.data(), lse.data(), ce.data(), tokens, vocab);
   }
-  std::int64_t count = 0;
+  kept_tokens count;
   auto out = reduce_tokens<R, T>(lse, ce, mask ? mask->data() : nullptr, zw, count);
 
   if (haliax::detail::ad::any_tracked(hidden, lm_head)) {

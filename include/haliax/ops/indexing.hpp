@@ -28,6 +28,7 @@
 #include "../core.hpp"
 #include "../detail/axis_algebra.hpp"
 #include "../detail/nd_loop.hpp"
+#include "../detail/row_team.hpp"
 #include "elementwise.hpp"
 #include "layout.hpp"
 
@@ -331,6 +332,122 @@ void take_grad_kernel(const take_grad_dims& p, const T* pg, A* pa, const std::in
         });
 }
 
+/// Keys per chunk of take_grad_sorted's radix passes, and bits per pass: constants of every build.
+inline constexpr std::int64_t take_sort_chunk = 256;
+inline constexpr int take_sort_bits = 8;
+inline constexpr std::int64_t take_sort_buckets = std::int64_t{1} << take_sort_bits;
+
+/// take_grad for a gather from a table (nothing before the taken dim, the index constant along the dims after
+/// it: an embedding lookup), where the other kernel splits the work only over the table's columns (12 work items
+/// for GPT-2's wte on a GPU). The gathered positions f are sorted by the row they name with a stable LSD radix
+/// sort (8-bit digits; per pass: each 256-key chunk counts its digits in order, each digit's chunk offsets are
+/// laid out in (digit, chunk) order, each chunk scatters its keys in order; integer counts only), then one
+/// team member per sorted position that starts a run of equal rows adds the run's gradient rows into its table
+/// row in position order, the vector lanes splitting the row. Each table element thus gets its contributions
+/// in the order of f, starting from zero, exactly as the other kernel adds them: the same bits, on every build,
+/// whatever the thread count. Clipped indices sort as their clamped row; filled ones as row n, after all the
+/// others, and add nowhere. `pa` holds zeros on entry. Scratch comes from the buffer cache.
+template <class T, class A>
+void take_grad_sorted(const take_grad_dims& p, const T* pg, A* pa, const std::int32_t* idx, std::int64_t inner,
+                      std::int64_t nfresh, std::int64_t n, bool clip) {
+  using haliax::detail::buffer_cache;
+  using haliax::detail::buffer_lease;
+  using range = Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>;
+  const std::size_t nf = static_cast<std::size_t>(nfresh);
+  const std::int64_t nchunks = (nfresh + take_sort_chunk - 1) / take_sort_chunk;
+  buffer_lease<std::int32_t> keys_a, keys_b;
+  buffer_lease<std::int64_t> vals_a, vals_b, counts, offsets, totals;
+  keys_a.view = buffer_cache<std::int32_t>::take(nf, "haliax::take_grad(keys)");
+  keys_b.view = buffer_cache<std::int32_t>::take(nf, "haliax::take_grad(keys)");
+  vals_a.view = buffer_cache<std::int64_t>::take(nf, "haliax::take_grad(positions)");
+  vals_b.view = buffer_cache<std::int64_t>::take(nf, "haliax::take_grad(positions)");
+  counts.view = buffer_cache<std::int64_t>::take(static_cast<std::size_t>(nchunks * take_sort_buckets),
+                                                 "haliax::take_grad(digit counts)");
+  offsets.view = buffer_cache<std::int64_t>::take(static_cast<std::size_t>(nchunks * take_sort_buckets),
+                                                  "haliax::take_grad(digit offsets)");
+  totals.view = buffer_cache<std::int64_t>::take(static_cast<std::size_t>(take_sort_buckets),
+                                                 "haliax::take_grad(digit totals)");
+  std::int32_t* key = keys_a.view.data();
+  std::int32_t* key2 = keys_b.view.data();
+  std::int64_t* val = vals_a.view.data();
+  std::int64_t* val2 = vals_b.view.data();
+  std::int64_t* cnt = counts.view.data();   // [digit, chunk]
+  std::int64_t* offs = offsets.view.data();  // [digit, chunk]
+  std::int64_t* tot = totals.view.data();    // [digit]
+  const std::int64_t chunk = take_sort_chunk, buckets = take_sort_buckets;
+  const take_grad_dims q = p;
+  const std::int32_t dropped = static_cast<std::int32_t>(n);  // idx is int32, so n fits
+  Kokkos::parallel_for(
+      "haliax::take_grad(keys)", range(0, nfresh), KOKKOS_LAMBDA(const std::int64_t f) {
+        std::int64_t off = 0, lin = f;
+        for (int d = q.nb + q.nf - 1; d >= q.nb; --d) {
+          off += (lin % q.ext[d]) * q.str[d];
+          lin /= q.ext[d];
+        }
+        std::int64_t j = idx[off];
+        if (j < 0 || j >= n) j = clip ? (j < 0 ? 0 : n - 1) : n;
+        key[f] = static_cast<std::int32_t>(j);
+        val[f] = f;
+      });
+  int bits = 0;
+  while ((std::int64_t{1} << bits) <= n) ++bits;  // the largest key is n (a filled index)
+  for (int shift = 0; shift < bits; shift += take_sort_bits) {
+    const std::int32_t* kin = key;
+    const std::int64_t* vin = val;
+    std::int32_t* kout = key2;
+    std::int64_t* vout = val2;
+    Kokkos::parallel_for(
+        "haliax::take_grad(digit counts)", range(0, nchunks), KOKKOS_LAMBDA(const std::int64_t c) {
+          for (std::int64_t dg = 0; dg < buckets; ++dg) cnt[dg * nchunks + c] = 0;
+          const std::int64_t i1 = (c + 1) * chunk < nfresh ? (c + 1) * chunk : nfresh;
+          for (std::int64_t i = c * chunk; i < i1; ++i)
+            ++cnt[((kin[i] >> shift) & (buckets - 1)) * nchunks + c];
+        });
+    // Exclusive offsets in (digit, chunk) order: a digit's base is the count of every smaller digit.
+    Kokkos::parallel_for(
+        "haliax::take_grad(digit totals)", range(0, buckets), KOKKOS_LAMBDA(const std::int64_t dg) {
+          std::int64_t sum = 0;
+          for (std::int64_t c = 0; c < nchunks; ++c) sum += cnt[dg * nchunks + c];
+          tot[dg] = sum;
+        });
+    Kokkos::parallel_for(
+        "haliax::take_grad(digit offsets)", range(0, buckets), KOKKOS_LAMBDA(const std::int64_t dg) {
+          std::int64_t base = 0;
+          for (std::int64_t e = 0; e < dg; ++e) base += tot[e];
+          for (std::int64_t c = 0; c < nchunks; ++c) {
+            offs[dg * nchunks + c] = base;
+            base += cnt[dg * nchunks + c];
+          }
+        });
+    Kokkos::parallel_for(
+        "haliax::take_grad(scatter)", range(0, nchunks), KOKKOS_LAMBDA(const std::int64_t c) {
+          const std::int64_t i1 = (c + 1) * chunk < nfresh ? (c + 1) * chunk : nfresh;
+          for (std::int64_t i = c * chunk; i < i1; ++i) {
+            const std::int64_t at = offs[((kin[i] >> shift) & (buckets - 1)) * nchunks + c]++;
+            kout[at] = kin[i];
+            vout[at] = vin[i];
+          }
+        });
+    std::swap(key, key2);
+    std::swap(val, val2);
+  }
+  const std::int32_t* skey = key;
+  const std::int64_t* sval = val;
+  Kokkos::parallel_for(
+      "haliax::take_grad(rows)", haliax::detail::row_policy(nfresh), KOKKOS_LAMBDA(const haliax::detail::row_member& t) {
+        const std::int64_t s = haliax::detail::row_of(t);
+        if (s >= nfresh) return;
+        const std::int32_t j = skey[s];
+        if (j == dropped || (s > 0 && skey[s - 1] == j)) return;  // not the start of a run
+        A* dst = pa + static_cast<std::int64_t>(j) * inner;
+        for (std::int64_t r = s; r < nfresh && skey[r] == j; ++r) {
+          const T* src = pg + sval[r] * inner;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(t, inner),
+                               [&](const std::int64_t a) { dst[a] += static_cast<A>(src[a]); });
+        }
+      });
+}
+
 /// The gradient of `take` for x (axes AxX, sizes xs, taken along dim k): g (the result's layout: x's dims
 /// before k, then `nf` index dims, then x's dims after k) scatter-added into zeros at the gathered positions.
 /// `si` holds the index array's stride along each result dim (0 where it lacks the dim). Indices out of range
@@ -368,7 +485,11 @@ named_array<T, AxX> take_grad(const named_array<T, AxR>& g, const std::int32_t* 
     per_row = per_row < 1 ? 1 : per_row;
     const std::int64_t block = (inner + per_row - 1) / per_row;
     per_row = (inner + block - 1) / block;
-    take_grad_kernel<T, A>(p, g.data(), acc.data(), idx, outer, per_row, block, inner, nfresh, n, clip);
+    if (outer == 1 && !p.after_dep) {
+      take_grad_sorted<T, A>(p, g.data(), acc.data(), idx, inner, nfresh, n, clip);
+    } else {
+      take_grad_kernel<T, A>(p, g.data(), acc.data(), idx, outer, per_row, block, inner, nfresh, n, clip);
+    }
   }
   if constexpr (std::is_same_v<A, T>) {
     return acc;

@@ -275,9 +275,7 @@ class adamw {
                                       : d::per_chunk(mine, [&](int64_t i) {
       int64_t b, e;
       const auto l = ref(c_lo + static_cast<std::size_t>(i), b, e);
-      double s = 0;
-      for (int64_t k = b; k < e; ++k) s += static_cast<double>(l.g[k]) * l.g[k];
-      return s;
+      return d::grad_squares(l.g + b, e - b);
     }));
     stats.grad_norm = std::sqrt(total_of(gsq));
 

@@ -35,6 +35,11 @@ enum class pass { fused, moments, apply };
 double run_range(const consts& c, pass kind, bool nesterov, bool decay, float* p, const float* g, float* m, float* v,
                  int64_t n, float div, float mul);
 
+/// The sum of the squares of g[0, n) in double, in two fixed stages: each block of 256 elements in order, then
+/// the blocks in order (the gradient norm's order on every path: the portable loop sums a chunk's blocks as
+/// separate work items, where one thread walked the whole chunk).
+double grad_squares(const float* g, int64_t n);
+
 /// The instruction set run_range uses in this process: "avx2" or "baseline".
 const char* kernel_isa();
 
@@ -62,8 +67,8 @@ enum class chunk_job { grad_squares, fused, moments, apply };
 /// The portable loop: Kokkos kernels in the default execution space's memory space (the only AdamW loop a
 /// CUDA build has; a host build runs it under HALIAX_PORTABLE_KERNELS=1). Returns each chunk's sum in chunk
 /// order. Per element it does the float operations of run_range in the same order, and it sums the squares
-/// in the same blocks and order (the gradient's squares: in double, element by element, as the host code
-/// does), so on a CPU its results are bitwise those of run_range (tested). A chunk holds at most 2^15 elements.
+/// in the same blocks and order (the gradient's squares: as grad_squares), so on a CPU its results are bitwise
+/// those of run_range and grad_squares (tested). A chunk holds at most 2^15 elements.
 std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nesterov,
                                         const std::vector<chunk_ref>& chunks);
 
