@@ -337,46 +337,38 @@ inline constexpr std::int64_t take_sort_chunk = 256;
 inline constexpr int take_sort_bits = 8;
 inline constexpr std::int64_t take_sort_buckets = std::int64_t{1} << take_sort_bits;
 
-/// take_grad for a gather from a table (nothing before the taken dim, the index constant along the dims after
-/// it: an embedding lookup), where the other kernel splits the work only over the table's columns (12 work items
-/// for GPT-2's wte on a GPU). The gathered positions f are sorted by the row they name with a stable LSD radix
-/// sort (8-bit digits; per pass: each 256-key chunk counts its digits in order, each digit's chunk offsets are
-/// laid out in (digit, chunk) order, each chunk scatters its keys in order; integer counts only), then one
-/// team member per sorted position that starts a run of equal rows adds the run's gradient rows into its table
-/// row in position order, the vector lanes splitting the row. Each table element thus gets its contributions
-/// in the order of f, starting from zero, exactly as the other kernel adds them: the same bits, on every build,
-/// whatever the thread count. Clipped indices sort as their clamped row; filled ones as row n, after all the
-/// others, and add nowhere. `pa` holds zeros on entry. Scratch comes from the buffer cache.
-template <class T, class A>
-void take_grad_sorted(const take_grad_dims& p, const T* pg, A* pa, const std::int32_t* idx, std::int64_t inner,
-                      std::int64_t nfresh, std::int64_t n, bool clip) {
+/// take_grad_sorted's sort, apart from the element type (so that its kernels are compiled once per translation
+/// unit, not once per element type): the positions [0, nfresh) sorted stably by the row they name (clipped, or n
+/// when dropped), in the buffers of `keys` and `positions` (each a pair, ping and pong); returns which of each pair
+/// holds the result.
+inline std::pair<const std::int32_t*, const std::int64_t*> sort_by_row(
+    const take_grad_dims& p, const std::int32_t* idx, std::int64_t nfresh, std::int64_t n, bool clip,
+    haliax::detail::buffer_lease<std::int32_t> (&keys)[2], haliax::detail::buffer_lease<std::int64_t> (&positions)[2]) {
   using haliax::detail::buffer_cache;
   using haliax::detail::buffer_lease;
   using range = Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>;
   const std::size_t nf = static_cast<std::size_t>(nfresh);
   const std::int64_t nchunks = (nfresh + take_sort_chunk - 1) / take_sort_chunk;
-  buffer_lease<std::int32_t> keys_a, keys_b;
-  buffer_lease<std::int64_t> vals_a, vals_b, counts, offsets, totals;
-  keys_a.view = buffer_cache<std::int32_t>::take(nf, "haliax::take_grad(keys)");
-  keys_b.view = buffer_cache<std::int32_t>::take(nf, "haliax::take_grad(keys)");
-  vals_a.view = buffer_cache<std::int64_t>::take(nf, "haliax::take_grad(positions)");
-  vals_b.view = buffer_cache<std::int64_t>::take(nf, "haliax::take_grad(positions)");
+  buffer_lease<std::int64_t> counts, offsets, totals;
+  for (int i = 0; i < 2; ++i) {
+    keys[i].view = buffer_cache<std::int32_t>::take(nf, "haliax::take_grad(keys)");
+    positions[i].view = buffer_cache<std::int64_t>::take(nf, "haliax::take_grad(positions)");
+  }
   counts.view = buffer_cache<std::int64_t>::take(static_cast<std::size_t>(nchunks * take_sort_buckets),
                                                  "haliax::take_grad(digit counts)");
   offsets.view = buffer_cache<std::int64_t>::take(static_cast<std::size_t>(nchunks * take_sort_buckets),
                                                   "haliax::take_grad(digit offsets)");
   totals.view = buffer_cache<std::int64_t>::take(static_cast<std::size_t>(take_sort_buckets),
                                                  "haliax::take_grad(digit totals)");
-  std::int32_t* key = keys_a.view.data();
-  std::int32_t* key2 = keys_b.view.data();
-  std::int64_t* val = vals_a.view.data();
-  std::int64_t* val2 = vals_b.view.data();
+  std::int32_t* key = keys[0].view.data();
+  std::int32_t* key2 = keys[1].view.data();
+  std::int64_t* val = positions[0].view.data();
+  std::int64_t* val2 = positions[1].view.data();
   std::int64_t* cnt = counts.view.data();   // [digit, chunk]
   std::int64_t* offs = offsets.view.data();  // [digit, chunk]
   std::int64_t* tot = totals.view.data();    // [digit]
   const std::int64_t chunk = take_sort_chunk, buckets = take_sort_buckets;
   const take_grad_dims q = p;
-  const std::int32_t dropped = static_cast<std::int32_t>(n);  // idx is int32, so n fits
   Kokkos::parallel_for(
       "haliax::take_grad(keys)", range(0, nfresh), KOKKOS_LAMBDA(const std::int64_t f) {
         std::int64_t off = 0, lin = f;
@@ -431,8 +423,28 @@ void take_grad_sorted(const take_grad_dims& p, const T* pg, A* pa, const std::in
     std::swap(key, key2);
     std::swap(val, val2);
   }
-  const std::int32_t* skey = key;
-  const std::int64_t* sval = val;
+  return {key, val};
+}
+
+/// take_grad for a gather from a table (nothing before the taken dim, the index constant along the dims after
+/// it: an embedding lookup), where the other kernel splits the work only over the table's columns (12 work items
+/// for GPT-2's wte on a GPU). The gathered positions f are sorted by the row they name with a stable LSD radix
+/// sort (8-bit digits; per pass: each 256-key chunk counts its digits in order, each digit's chunk offsets are
+/// laid out in (digit, chunk) order, each chunk scatters its keys in order; integer counts only), then one
+/// team member per sorted position that starts a run of equal rows adds the run's gradient rows into its table
+/// row in position order, the vector lanes splitting the row. Each table element thus gets its contributions
+/// in the order of f, starting from zero, exactly as the other kernel adds them: the same bits, on every build,
+/// whatever the thread count. Clipped indices sort as their clamped row; filled ones as row n, after all the
+/// others, and add nowhere. `pa` holds zeros on entry. Scratch comes from the buffer cache.
+template <class T, class A>
+void take_grad_sorted(const take_grad_dims& p, const T* pg, A* pa, const std::int32_t* idx, std::int64_t inner,
+                      std::int64_t nfresh, std::int64_t n, bool clip) {
+  haliax::detail::buffer_lease<std::int32_t> keys[2];
+  haliax::detail::buffer_lease<std::int64_t> positions[2];
+  const auto sorted = sort_by_row(p, idx, nfresh, n, clip, keys, positions);
+  const std::int32_t* skey = sorted.first;
+  const std::int64_t* sval = sorted.second;
+  const std::int32_t dropped = static_cast<std::int32_t>(n);  // idx is int32, so n fits
   Kokkos::parallel_for(
       "haliax::take_grad(rows)", haliax::detail::row_policy(nfresh), KOKKOS_LAMBDA(const haliax::detail::row_member& t) {
         const std::int64_t s = haliax::detail::row_of(t);
