@@ -1352,7 +1352,7 @@ TEST_CASE("adamw: the same result with 1 and 2 threads") {
 // AVX2/baseline): on a CPU the same float operations in the same order and the same sums, so bitwise the same
 // parameters, moments and norms, for every pass (fused; moments + apply under update-RMS clipping and under the
 // historical update-norm clip), with and without Nesterov, weight decay and gradient clipping.
-TEST_CASE("adamw: the portable loop gives bitwise the host loop's parameters and norms") {
+TEST_CASE("adamw: the portable loop gives bitwise the host loop's parameters and norms (all kernels portable, or the optimizer family alone)") {
   for (int variant = 0; variant < 4; ++variant) {
     CAPTURE(variant);
     levanter::AdamConfig c;
@@ -1366,8 +1366,13 @@ TEST_CASE("adamw: the portable loop gives bitwise the host loop's parameters and
     if (variant == 3) c.clip_update_norm = levanter::ClipUpdateNormConfig{};
     std::vector<std::vector<float>> results;
     std::vector<std::vector<double>> norms;
-    for (bool portable : {false, true}) {
-      hax::detail::portable_kernels_scope scope(portable);
+    // 0: the host loop; 1: every kernel portable (as a device build); 2: the optimizer family alone portable
+    // (haliax/kernels.hpp), the other families on their host kernels.
+    for (int mode : {0, 1, 2}) {
+      hax::detail::portable_kernels_scope scope(mode == 1);
+      std::optional<hax::kernels::portable_scope> optimizer_only;
+      if (mode == 2) optimizer_only.emplace(std::initializer_list<hax::kernels::family>{hax::kernels::family::optimizer});
+      const auto before = hax::kernels::dispatched();
       opt::adamw adam(c, 10);
       toy m = make_toy(50, 300, 200, 70, 3);  // leaves of 180k elements: several chunks each
       fill_random(m, 3);
@@ -1380,6 +1385,9 @@ TEST_CASE("adamw: the portable loop gives bitwise the host loop's parameters and
         ns.push_back(s.grad_norm);
         ns.push_back(s.update_norm);
       }
+      const auto d = hax::kernels::dispatched() - before;
+      const bool host_loop = mode == 0 && hax::detail::use_host_kernels();
+      CHECK(d(hax::kernels::family::optimizer, host_loop ? hax::kernels::impl::host : hax::kernels::impl::portable) == 3);
       norms.push_back(ns);
       std::vector<float> all;
       for (const toy* t : {&m, &st.mu, &st.nu})
@@ -1391,6 +1399,8 @@ TEST_CASE("adamw: the portable loop gives bitwise the host loop's parameters and
     }
     CHECK(results[0] == results[1]);
     CHECK(norms[0] == norms[1]);
+    CHECK(results[0] == results[2]);
+    CHECK(norms[0] == norms[2]);
     CHECK(norms[0][1] > 0.0);
   }
 }

@@ -216,9 +216,11 @@ int run_steps(const options& o, const Setup& setup, std::int64_t batch) {
   // One more step with the counters listening (Kokkos then fences after each kernel: not timed).
   hax::detail::tools::counter counter;
   const auto cache2 = hax::buffer_cache_statistics();
+  const auto dispatch0 = hax::kernels::dispatched();
   counter.start();
   t.step();
   const auto n = counter.stop();
+  const auto dispatch = hax::kernels::dispatched() - dispatch0;
   const auto cache3 = hax::buffer_cache_statistics();
   // what the step allocated besides the buffer cache's misses (scratch views, mirrors, tables): none is the aim
   const std::int64_t outside_cache = n.allocations - (cache3.misses - cache2.misses);
@@ -253,6 +255,18 @@ int run_steps(const options& o, const Setup& setup, std::int64_t batch) {
   row(sec, "per step: device synchronisations (fences + deep copies + allocations)",
       fmt("%lld", (long long)(n.fences + n.deep_copies + n.allocations)), "",
       "each fences a GPU; the deep copies by label are in the log (the aim is one read-back a step)");
+  {
+    // Which implementation each kernel family ran (haliax/kernels.hpp): cuBLAS shows as gemm's vendor dispatches.
+    std::string fam;
+    for (int f = 0; f < hax::kernels::family_count; ++f) {
+      const auto kf = static_cast<hax::kernels::family>(f);
+      fam += fmt("%s%s %lld/%lld/%lld", f ? ", " : "", hax::kernels::family_name(kf),
+                 (long long)dispatch(kf, hax::kernels::impl::vendor), (long long)dispatch(kf, hax::kernels::impl::host),
+                 (long long)dispatch(kf, hax::kernels::impl::portable));
+    }
+    row(sec, "per step: kernel families, vendor/host/portable dispatches", fam, "",
+        "HALIAX_VENDOR_KERNELS=0 runs every family portable (docs/haliax.md, \"Kernels and the vendor seam\")");
+  }
   {
     std::vector<std::pair<std::int64_t, std::string>> by_count;
     for (const auto& [label, k] : n.allocation_labels) by_count.push_back({k, label});

@@ -3,6 +3,7 @@
 
 #include "axis.hpp"
 #include "bf16.hpp"
+#include "kernels.hpp"
 #include "core.hpp"
 #include "precision.hpp"
 #include "detail/gemm_bf16.hpp"

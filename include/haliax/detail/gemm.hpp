@@ -1,6 +1,8 @@
-// Row-major GEMM on contiguous buffers: C[m,n] = op(A) op(B), through OpenBLAS tiles on the host, cuBLAS with a
-// CUDA Kokkos, Kokkos Kernels BLAS on other devices; float products on the host under matmul_precision::bf16 go
-// to oneDNN's bfloat16 matmul (gemm_bf16.hpp). Private.
+// Row-major GEMM on contiguous buffers: C[m,n] = op(A) op(B). The dispatch point of the gemm kernel family
+// (haliax/kernels.hpp): OpenBLAS tiles on the host, with float products under matmul_precision::bf16 in oneDNN's
+// bfloat16 matmul (gemm_bf16.hpp); cuBLAS with a CUDA Kokkos, through the compiled adapter (src/cuda/,
+// vendor_cuda.hpp); Kokkos Kernels BLAS on other devices. The portable kernels: Kokkos Kernels' GEMM per problem
+// on the host, one work item per element of C (k summed in order) on a CUDA device. Private.
 //
 // HALIAX_HAVE_HOST_BLAS (set by the build when Kokkos Kernels and its host BLAS are there): a CUDA build made
 // without them (the device kit's, docs/portability.md) has cuBLAS for every array product and no cblas.h.
@@ -26,12 +28,8 @@
 #include "portable.hpp"
 #include "thread_pool.hpp"
 
-#if defined(KOKKOS_ENABLE_CUDA)
-#include <cublas_v2.h>
-
-#include <stdexcept>
-#include <string>
-#endif
+#include "../kernels.hpp"
+#include "vendor_cuda.hpp"
 
 namespace haliax::detail {
 
@@ -224,51 +222,27 @@ struct gemm_profile {
   }
 };
 
-#if defined(KOKKOS_ENABLE_CUDA)
-/// cuBLAS for device GEMMs: one handle per process on the default execution space's stream. Row-major
-/// C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. f32 products
-/// compute in f32 (CUBLAS_COMPUTE_32F: no TF32); under matmul_precision::bf16 the operands are rounded to
-/// bfloat16 on the tensor cores with f32 sums (CUBLAS_COMPUTE_32F_FAST_16BF). One strided-batched call per
-/// GEMM; cuBLAS's result for a given shape does not depend on anything but the shape and the GPU.
-inline cublasHandle_t cublas_handle() {
-  // Made on first use and kept for the process (destroying it at exit can outlive the CUDA context).
-  static cublasHandle_t handle = [] {
-    cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-      throw std::runtime_error("haliax: cublasCreate failed (no usable GPU, or out of device memory)");
-    cublasSetStream(h, Kokkos::DefaultExecutionSpace().cuda_stream());
-    return h;
-  }();
-  return handle;
-}
-
+/// The portable GEMM with no library: one work item per element of C, k summed in order (exact for integers;
+/// for floats the order is fixed by the shape). The portable kernel of a CUDA build, and the integer product.
 template <class T>
-void cuda_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
-                       const T* A, const T* B, T* C) {
-  const T one = 1, zero = 0;
-  const auto opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const auto opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const long long lda = trans_a ? m : k, ldb = trans_b ? k : n;
-  cublasStatus_t st;
-  if constexpr (std::is_same_v<T, float>) {
-    const bool bf = current_matmul_precision() == matmul_precision::bf16;
-    st = cublasGemmStridedBatchedEx(cublas_handle(), opb, opa, static_cast<int>(n), static_cast<int>(m),
-                                    static_cast<int>(k), &one, B, CUDA_R_32F, static_cast<int>(ldb), k * n, A,
-                                    CUDA_R_32F, static_cast<int>(lda), m * k, &zero, C, CUDA_R_32F,
-                                    static_cast<int>(n), m * n, static_cast<int>(batch),
-                                    bf ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  } else {
-    st = cublasDgemmStridedBatched(cublas_handle(), opb, opa, static_cast<int>(n), static_cast<int>(m),
-                                   static_cast<int>(k), &one, B, static_cast<int>(ldb), k * n, A,
-                                   static_cast<int>(lda), m * k, &zero, C, static_cast<int>(n), m * n,
-                                   static_cast<int>(batch));
-  }
-  if (st != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error("haliax::dot: cuBLAS GEMM failed (status " + std::to_string(static_cast<int>(st)) +
-                             ") for " + std::to_string(batch) + " x [" + std::to_string(m) + " x " +
-                             std::to_string(k) + "] x [" + std::to_string(k) + " x " + std::to_string(n) + "]");
+void plain_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                        const T* A, const T* B, T* C) {
+  Kokkos::parallel_for(
+      "haliax::dot(plain)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, batch * m * n),
+      KOKKOS_LAMBDA(std::int64_t idx) {
+        const std::int64_t b = idx / (m * n), r = idx - b * (m * n);
+        const std::int64_t i = r / n, j = r - i * n;
+        const T* a = A + b * m * k;
+        const T* bb = B + b * k * n;
+        T acc = T(0);
+        for (std::int64_t l = 0; l < k; ++l) {
+          T av = trans_a ? a[l * m + i] : a[i * k + l];
+          T bv = trans_b ? bb[j * k + l] : bb[l * n + j];
+          acc += av * bv;
+        }
+        C[idx] = acc;
+      });
 }
-#endif
 
 /// C = op(A) * op(B) with beta = 0 for `batch` problems stored one after another. A is m x k (k x m when
 /// trans_a), B is k x n (n x k when trans_b), all row-major and densely packed.
@@ -286,12 +260,14 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
   constexpr bool real = std::is_same_v<T, float> || std::is_same_v<T, double>;
   if constexpr (real) gemm_profile::launches.fetch_add(1, std::memory_order_relaxed);
 #if defined(HALIAX_HAVE_HOST_BLAS)
-  if (real && host && !use_host_kernels()) {
-    // The portable path on host memory (HALIAX_PORTABLE_KERNELS=1): Kokkos Kernels' GEMM per problem, as a
-    // device build without cuBLAS does; BLAS single-threaded so the result does not depend on the thread count.
-    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-    if constexpr (real) kokkos_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
-    return;
+  if constexpr (real && host) {
+    if (!use_host_kernels(kernels::family::gemm)) {
+      // The portable path on host memory (HALIAX_PORTABLE_KERNELS=1, HALIAX_VENDOR_KERNELS without gemm): Kokkos
+      // Kernels' GEMM per problem; BLAS single-threaded so the result does not depend on the thread count.
+      if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+      kokkos_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+      return;
+    }
   }
 #else
   static_assert(!host, "haliax: a build for host memory needs the host BLAS (Kokkos Kernels and OpenBLAS)");
@@ -319,10 +295,26 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
     run();
   } else if constexpr (real) {
 #if defined(KOKKOS_ENABLE_CUDA)
-    // Device memory on CUDA: one strided-batched cuBLAS call.
-    cuda_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
+    if constexpr (vendor_cuda::available) {
+      if (kernels::specialised(kernels::family::gemm)) {
+        // Device memory on CUDA: one strided-batched cuBLAS call, through the compiled adapter.
+        kernels::note(kernels::family::gemm, kernels::impl::vendor);
+        const bool bf = std::is_same_v<T, float> && current_matmul_precision() == matmul_precision::bf16;
+        const auto kind = std::is_same_v<T, double> ? vendor_cuda::gemm_kind::f64
+                          : bf                      ? vendor_cuda::gemm_kind::f32_bf16_compute
+                                                    : vendor_cuda::gemm_kind::f32;
+        const device_guard::device_work work;
+        vendor_cuda::gemm_strided_batched(kind, trans_a, trans_b, batch, m, n, k, A, B, C,
+                                          static_cast<void*>(Kokkos::DefaultExecutionSpace().cuda_stream()));
+        return;
+      }
+    }
+    // The portable kernel (HALIAX_VENDOR_KERNELS without gemm, or a build without the adapters).
+    kernels::note(kernels::family::gemm, kernels::impl::portable);
+    plain_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
 #else
     // Other device memory: one Kokkos Kernels GEMM per problem.
+    kernels::note(kernels::family::gemm, kernels::impl::portable);
     kokkos_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
 #endif
   } else if constexpr (std::is_same_v<T, bf16>) {
@@ -346,22 +338,8 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
         "haliax::dot(round c)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, nc),
         KOKKOS_LAMBDA(std::int64_t i) { C[i] = bf16(pc[i]); });
   } else {
-    // Integers: a plain loop per output element (exact; no BLAS has an int32 GEMM).
-    Kokkos::parallel_for(
-        "haliax::dot(int)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, batch * m * n),
-        KOKKOS_LAMBDA(std::int64_t idx) {
-          const std::int64_t b = idx / (m * n), r = idx - b * (m * n);
-          const std::int64_t i = r / n, j = r - i * n;
-          const T* a = A + b * m * k;
-          const T* bb = B + b * k * n;
-          T acc = T(0);
-          for (std::int64_t l = 0; l < k; ++l) {
-            T av = trans_a ? a[l * m + i] : a[i * k + l];
-            T bv = trans_b ? bb[j * k + l] : bb[l * n + j];
-            acc += av * bv;
-          }
-          C[idx] = acc;
-        });
+    // Integers: the plain kernel (exact; no BLAS has an int32 GEMM).
+    plain_gemm_batched(trans_a, trans_b, batch, m, n, k, A, B, C);
   }
 }
 

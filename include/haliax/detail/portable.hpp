@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../kernels.hpp"
 #include "device_guard.hpp"
 
 namespace haliax::detail {
@@ -46,6 +47,16 @@ inline bool use_host_kernels() {
     const int o = portable_kernels_override();
     return o < 0 ? !portable_kernels_forced() : o == 0;
   }
+}
+
+/// The dispatch of kernel family `f` (haliax/kernels.hpp) between its host-tuned and portable kernels: the host one
+/// where the host kernels run at all and the family may use a specialisation (HALIAX_VENDOR_KERNELS, a
+/// kernels::portable_scope). Records the choice; a dispatch point calls it once per op (a gradient is an op of
+/// its own and dispatches again).
+inline bool use_host_kernels(kernels::family f) {
+  const bool h = use_host_kernels() && kernels::specialised(f);
+  kernels::note(f, h ? kernels::impl::host : kernels::impl::portable);
+  return h;
 }
 
 /// Runs the portable kernels (or, with `portable` false, the host ones) until the scope ends; for tests that

@@ -1326,6 +1326,8 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
   ks[nb] = g.nk;
   named_array<std::int32_t, axes_of<QSP>> qsp;
   named_array<std::int32_t, axes_of<KSP>> ksp;
+  // The attention family's dispatch (haliax/kernels.hpp) for the forward; the gradient dispatches again.
+  const bool host_path = haliax::detail::use_host_kernels(haliax::kernels::family::attention);
   if (q_ids != nullptr) {
     qsp = pack_ids<QSP>(label, *q_ids, qs);
     ksp = pack_ids<KSP>(label, *k_ids, ks);
@@ -1333,12 +1335,12 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
     g.kseg = ksp.data();
     // The host kernels skip tiles by per-block id ranges, read on the host; the portable ones test ids per
     // element on the device.
-    if (haliax::detail::use_host_kernels()) g.summarise_segments();
+    if (host_path) g.summarise_segments();
   }
   auto lse = named_array<T, axes_of<QSP>>::allocate(qs, "haliax::nn::flash_attention(lse)");
   const T scale = static_cast<T>(opts.scale ? *opts.scale : 1.0 / std::sqrt(static_cast<double>(g.d)));
   if (out.element_count() > 0) {
-    if (haliax::detail::use_host_kernels()) {
+    if (host_path) {
       if constexpr (haliax::detail::host_memory)
         forward<T>(g, qk.data(), kk.data(), vk.data(), out.data(), lse.data(), scale);
     } else {
@@ -1356,7 +1358,7 @@ auto flash(const named_array<T, AxQ>& q, const named_array<T, AxK>& k, const nam
           auto dqk = named_array<T, QL>::allocate(qk.sizes(), "haliax::nn::flash_attention(dq)");
           auto dkk = named_array<T, KL>::allocate(kk.sizes(), "haliax::nn::flash_attention(dk)");
           auto dvk = named_array<T, VL>::allocate(vk.sizes(), "haliax::nn::flash_attention(dv)");
-          if (!haliax::detail::use_host_kernels()) {
+          if (!haliax::detail::use_host_kernels(haliax::kernels::family::attention)) {
             if (o.element_count() > 0) {
               backward_portable<T>(g, qk.data(), kk.data(), vk.data(), o.data(), lse.data(), grad.data(), scale,
                                    dqk.data(), dkk.data(), dvk.data());

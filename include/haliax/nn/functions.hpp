@@ -970,7 +970,7 @@ template <axis_op Op, class T>
 void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, compute_t<T> param = {}) {
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0) return;
-  if (inner == 1 && !haliax::detail::use_host_kernels()) {
+  if (inner == 1 && !haliax::detail::use_host_kernels(haliax::kernels::family::softmax)) {
     row_team_op<Op>(label, x, y, out, outer, n, param);
     return;
   }
@@ -1380,7 +1380,7 @@ void run_axis_grad(const char* label, const T* a, const T* g, const T* z, T* dx,
                    compute_t<T> param = {}) {
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0 || n == 0) return;
-  if (inner == 1 && !haliax::detail::use_host_kernels()) {
+  if (inner == 1 && !haliax::detail::use_host_kernels(haliax::kernels::family::softmax)) {
     row_team_grad<Op>(label, a, g, z, dx, outer, n, param);
     return;
   }
@@ -1660,7 +1660,8 @@ void elementwise_pooled(const char* label, const T* a, const T* b, T* out, std::
   namespace hd = haliax::detail;
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, execution_space::memory_space>::accessible;
   if constexpr (host) {
-    if (n >= pooled_activation_min && hd::thread_pool::instance().size() > 1 && hd::use_host_kernels()) {
+    if (n >= pooled_activation_min && hd::thread_pool::instance().size() > 1 &&
+        hd::use_host_kernels(haliax::kernels::family::elementwise)) {
       hd::profile::region prof([label] { return std::string(label); }, 0.0);
       constexpr std::int64_t chunk = 16384;
       hd::thread_pool::instance().run((n + chunk - 1) / chunk, [&](std::int64_t c) {

@@ -432,7 +432,7 @@ void ce_forward(const T* x, const Tgt* tg, axis_split sp, compute_t<T>* lse, com
   using V = compute_t<T>;
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0) return;
-  if (inner == 1 && !haliax::detail::use_host_kernels()) {
+  if (inner == 1 && !haliax::detail::use_host_kernels(haliax::kernels::family::cross_entropy)) {
     ce_forward_team(x, tg, outer, n, lse, ce, ts);
     return;
   }
@@ -516,7 +516,7 @@ void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* l
   using V = compute_t<T>;
   const std::int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   if (outer == 0 || inner == 0 || n == 0) return;
-  if (!haliax::detail::use_host_kernels()) {
+  if (!haliax::detail::use_host_kernels(haliax::kernels::family::cross_entropy)) {
     ce_backward_flat(x, tg, sp, lse, ca, c, dx, dt);
     return;
   }
@@ -892,7 +892,8 @@ void blockwise_fold_team(const T* logits, std::int64_t tokens, std::int64_t nb, 
 template <class T>
 void blockwise_fold(const T* logits, std::int64_t tokens, std::int64_t nb, std::int64_t v0, const std::int32_t* ids,
                     lse_acc<compute_t<T>>* acc, compute_t<T>* xt) {
-  if (!haliax::detail::use_host_kernels()) return blockwise_fold_team<T>(logits, tokens, nb, v0, ids, acc, xt);
+  if (!haliax::detail::use_host_kernels(haliax::kernels::family::cross_entropy))
+    return blockwise_fold_team<T>(logits, tokens, nb, v0, ids, acc, xt);
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   Kokkos::parallel_for(
       "haliax::nn::blockwise_cross_entropy(block)", Kokkos::RangePolicy<execution_space>(0, tokens),
@@ -908,7 +909,7 @@ void blockwise_fold(const T* logits, std::int64_t tokens, std::int64_t nb, std::
 template <class T>
 void blockwise_grad_block(T* logits, std::int64_t tokens, std::int64_t nb, std::int64_t v0, const std::int32_t* ids,
                           const compute_t<T>* lse, const compute_t<T>* ca, const compute_t<T>* c) {
-  if (!haliax::detail::use_host_kernels()) {
+  if (!haliax::detail::use_host_kernels(haliax::kernels::family::cross_entropy)) {
     // The portable path: one work item per logit (coalesced on a GPU), the class-id formula of ce_grad_element.
     Kokkos::parallel_for(
         "haliax::nn::blockwise_cross_entropy_grad(block)", Kokkos::RangePolicy<execution_space>(0, tokens * nb),

@@ -269,7 +269,7 @@ class adamw {
       }
       return d::run_chunks_portable(cs, job, cfg_.nesterov, refs);
     };
-    const bool host = haliax::detail::use_host_kernels();
+    const bool host = haliax::detail::use_host_kernels(haliax::kernels::family::optimizer);
 
     const auto gsq = all_chunks(!host ? portable(d::consts{}, d::chunk_job::grad_squares, nullptr, 1.0f)
                                       : d::per_chunk(mine, [&](int64_t i) {
