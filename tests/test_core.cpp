@@ -1,5 +1,6 @@
 // Tests for haliax/core.hpp: creation, shapes, host copies, bf16, errors.
 #include <doctest/doctest.h>
+#include <memory>
 
 #include "test_axes.hpp"
 
@@ -186,4 +187,37 @@ TEST_CASE("with steps marked, a repeating step allocates nothing and what a step
   CHECK(after.evicted == steady.evicted + 1);
   CHECK(after.idle_bytes == steady.idle_bytes);
   CHECK(after.misses == steady.misses + 1);
+}
+
+namespace {
+struct memo_test_tag;
+using memo_test = hax::detail::content_memo<memo_test_tag, std::vector<int>, std::shared_ptr<int>, 3>;
+}  // namespace
+
+TEST_CASE("content memo: one value per key, made once, bounded, emptied with the buffer cache") {
+  hax::clear_buffer_cache();
+  int made = 0;
+  auto make_for = [&](int v) {
+    return [&made, v] {
+      ++made;
+      return std::make_shared<int>(v);
+    };
+  };
+  const auto a = memo_test::get({1, 2}, make_for(12));
+  const auto b = memo_test::get({1, 2}, make_for(99));  // the same key: kept, not made again
+  CHECK(made == 1);
+  CHECK(a == b);
+  CHECK(*b == 12);
+  const auto c = memo_test::get({1, 3}, make_for(13));
+  CHECK(made == 2);
+  CHECK(*c == 13);
+  CHECK(memo_test::size() == 2);
+  memo_test::get({4}, make_for(4));
+  memo_test::get({5}, make_for(5));  // past 3 keys the memo starts again
+  CHECK(memo_test::size() == 1);
+  CHECK(*a == 12);  // a value handed out stays alive
+  hax::clear_buffer_cache();
+  CHECK(memo_test::size() == 0);
+  CHECK(*memo_test::get({1, 2}, make_for(21)) == 21);  // made again after the cache was emptied
+  CHECK(made == 5);
 }

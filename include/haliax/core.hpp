@@ -18,6 +18,7 @@
 #include <malloc.h>
 #endif
 #include <memory>
+#include <map>
 #include <mutex>
 #include <span>
 #include <sstream>
@@ -328,6 +329,58 @@ inline void clear_buffer_cache() {
   std::lock_guard<std::mutex> lk(reg.m);
   for (auto clear : reg.clearers) clear();
 }
+
+namespace detail {
+/// Tables the kernels read (offsets, RoPE tables, AdamW's chunk lists), made once per content and kept until the
+/// buffer cache is emptied (clear_buffer_cache, which runs before Kokkos finalizes). A training step asks for the
+/// same few every step, and each upload would cost a device synchronisation on a GPU. One memo per Tag, bounded:
+/// past MaxEntries distinct keys it starts again (a table in use stays alive through its Views). Values are plain
+/// Views made outside the buffer cache, so emptying the memo under the cache's lock never reaches the cache; `make`
+/// runs without the memo's lock held, so it may use the buffer cache.
+template <class Tag, class Key, class Value, std::size_t MaxEntries>
+class content_memo {
+ public:
+  /// The value kept for `key`, made by `make()` the first time (and again after the memo is emptied).
+  template <class Make>
+  static Value get(const Key& key, Make&& make) {
+    auto& self = instance();
+    {
+      std::lock_guard<std::mutex> lk(self.m_);
+      if (const auto it = self.values_.find(key); it != self.values_.end()) return it->second;
+    }
+    Value v = make();
+    std::lock_guard<std::mutex> lk(self.m_);
+    if (self.values_.size() >= MaxEntries) self.values_.clear();
+    self.values_.emplace(key, v);
+    return v;
+  }
+  /// How many values are kept (for tests).
+  static std::size_t size() {
+    auto& self = instance();
+    std::lock_guard<std::mutex> lk(self.m_);
+    return self.values_.size();
+  }
+
+ private:
+  static content_memo& instance() {
+    static content_memo* memo = [] {
+      auto* p = new content_memo();  // never destroyed: its Views are released by clear() before Kokkos finalizes
+      auto& reg = cache_registry::instance();
+      std::lock_guard<std::mutex> lk(reg.m);
+      reg.clearers.push_back(&content_memo::clear);
+      return p;
+    }();
+    return *memo;
+  }
+  static void clear() {
+    auto& self = instance();
+    std::lock_guard<std::mutex> lk(self.m_);
+    self.values_.clear();
+  }
+  std::mutex m_;
+  std::map<Key, Value> values_;
+};
+}  // namespace detail
 
 // ---------------------------------------------------------------------------------------------------------
 // Runtime

@@ -16,57 +16,29 @@ namespace levanter::llama {
 
 namespace {
 
-/// The RoPE tables made so far, by what determines them (positions, head size, inverse frequencies, scaling): every
-/// layer of every step asks for the same few, and a table is built on the host and copied to the arrays' memory,
-/// a device synchronisation per layer per step on a GPU (two of a small two-layer Llama step's nine). Kept as plain
-/// Views outside the buffer cache, so emptying the memo (with the buffer cache, haliax::clear_buffer_cache, under
-/// the cache's lock) never reaches the cache; bounded.
+/// nn::rope_tables(pos, head, s), kept by what determines them (positions, head size, inverse frequencies, scaling;
+/// haliax::detail::content_memo): every layer of every step asks for the same few, and a table built on the host
+/// and copied to the arrays' memory would be a device synchronisation per layer per step on a GPU (two of a small
+/// two-layer Llama step's nine).
 template <class Array>
-struct rope_memo {
-  using view = typename Array::view_type;
-  using key = std::tuple<std::int64_t, std::int64_t, std::vector<float>, double>;
-  static constexpr std::size_t max_tables = 64;
-  std::mutex m;
-  std::map<key, std::pair<view, view>> tables;
-
-  static rope_memo& instance() {
-    static rope_memo* memo = [] {
-      auto* p = new rope_memo();  // never destroyed: its Views are released by clear() before Kokkos finalizes
-      auto& reg = hax::detail::cache_registry::instance();
-      std::lock_guard<std::mutex> lk(reg.m);
-      reg.clearers.push_back(&rope_memo::clear);
-      return p;
-    }();
-    return *memo;
-  }
-  static void clear() {
-    auto& memo = instance();
-    std::lock_guard<std::mutex> lk(memo.m);
-    memo.tables.clear();
-  }
-};
-
-/// nn::rope_tables(pos, head, s) from the memo: the same values, copied to the device once.
+struct rope_memo_tag;
 template <class SP, class SH>
 auto rope_tables_of(SP pos, SH head, const nn::rope_spec& s) {
   using table = decltype(nn::rope_tables(pos, head, s));
   using array = decltype(table::cos);
-  auto& memo = rope_memo<array>::instance();
-  typename rope_memo<array>::key k{pos.size, head.size, nn::rope_inv_freq(s, head.size), nn::rope_attention_scaling(s)};
-  std::lock_guard<std::mutex> lk(memo.m);
-  auto it = memo.tables.find(k);
-  if (it == memo.tables.end()) {
+  using view = typename array::view_type;
+  using key = std::tuple<std::int64_t, std::int64_t, std::vector<float>, double>;
+  using memo = hax::detail::content_memo<rope_memo_tag<array>, key, std::pair<view, view>, 64>;
+  const auto tables = memo::get(key{pos.size, head.size, nn::rope_inv_freq(s, head.size), nn::rope_attention_scaling(s)}, [&] {
     const table t = nn::rope_tables(pos, head, s);
-    using view = typename rope_memo<array>::view;
     const auto n = static_cast<std::size_t>(t.cos.element_count());
     view c(Kokkos::view_alloc(Kokkos::WithoutInitializing, "levanter::llama(rope cos)"), n);
     view sn(Kokkos::view_alloc(Kokkos::WithoutInitializing, "levanter::llama(rope sin)"), n);
     Kokkos::deep_copy(c, Kokkos::subview(t.cos.view(), std::pair<std::size_t, std::size_t>(0, n)));
     Kokkos::deep_copy(sn, Kokkos::subview(t.sin.view(), std::pair<std::size_t, std::size_t>(0, n)));
-    if (memo.tables.size() >= rope_memo<array>::max_tables) memo.tables.clear();
-    it = memo.tables.emplace(std::move(k), std::pair{c, sn}).first;
-  }
-  return table{array(it->second.first, {pos.size, head.size}), array(it->second.second, {pos.size, head.size})};
+    return std::pair{c, sn};
+  });
+  return table{array(tables.first, {pos.size, head.size}), array(tables.second, {pos.size, head.size})};
 }
 
 }  // namespace

@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
+#include <mutex>
 
 namespace levanter::optim::detail::adamw {
 namespace {
@@ -180,22 +182,30 @@ KOKKOS_INLINE_FUNCTION float portable_element(const consts& c, chunk_job job, bo
 
 }  // namespace
 
-std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nesterov,
-                                        const std::vector<chunk_ref>& chunks) {
+namespace {
+
+using chunk_view = Kokkos::View<chunk_ref*, Kokkos::DefaultExecutionSpace::memory_space>;
+
+/// `chunks` copied into a buffer from the buffer cache (held by the lease until the kernels are enqueued): one
+/// copy per call, no allocation in a steady state. Keeping tables by content would save the copy only where the
+/// gradients land at the same addresses every step, which the buffer cache does not promise (the small Llama's
+/// move from step to step).
+void copy_chunk_table(const std::vector<chunk_ref>& chunks, haliax::detail::buffer_lease<chunk_ref>& lease) {
+  lease.view = haliax::detail::buffer_cache<chunk_ref>::take(chunks.size(), "adamw chunks");
+  Kokkos::deep_copy(lease.view, Kokkos::View<const chunk_ref*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                                    chunks.data(), chunks.size()));
+}
+
+using sums_view = haliax::detail::buffer_cache<double>::view_type;
+
+/// Runs `job` over the chunks of `refs` and writes each chunk's sum to sums(ci) (on the device; nothing is read
+/// back). With `clip` (two floats on the device: 1 or 0, then the gradient norm), the update kernels take the
+/// clipping decision from there instead of from c.clip and c.clip_den.
+void chunk_sums(const consts& c, chunk_job job, bool nesterov, const std::vector<chunk_ref>& chunks,
+                const chunk_view& refs, const sums_view& sums, const float* clip) {
   using exec = Kokkos::DefaultExecutionSpace;
-  const int64_t nc = static_cast<int64_t>(chunks.size());
-  if (nc == 0) return {};
-  // Scratch from haliax's buffer cache (given back on return, in stream order) and the chunk table copied from
-  // the caller's vector: a steady-state step allocates nothing here.
   namespace hd = haliax::detail;
-  hd::buffer_lease<chunk_ref> refs_lease;
-  refs_lease.view = hd::buffer_cache<chunk_ref>::take(static_cast<std::size_t>(nc), "adamw chunks");
-  Kokkos::deep_copy(refs_lease.view, Kokkos::View<const chunk_ref*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                                         chunks.data(), chunks.size()));
-  const auto refs = refs_lease.view;
-  hd::buffer_lease<double> sums_lease;
-  sums_lease.view = hd::buffer_cache<double>::take(static_cast<std::size_t>(nc), "adamw chunk sums");
-  const auto sums = sums_lease.view;
+  const int64_t nc = static_cast<int64_t>(chunks.size());
   constexpr int64_t chunk_cap = int64_t{1} << 15;
   constexpr int64_t per_chunk = chunk_cap / block_elems;
   for (const auto& r : chunks)
@@ -229,7 +239,12 @@ std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nes
           const int64_t ci = e / chunk_cap, j = e - ci * chunk_cap;
           const chunk_ref r = refs(ci);
           if (j >= r.n) return;
-          squares(e) = portable_element(cc, job, nesterov, r.decay, r.p, r.g, r.m, r.v, j, r.div, r.mul);
+          consts ce = cc;
+          if (clip != nullptr) {
+            ce.clip = clip[0] != 0.0f;
+            ce.clip_den = clip[1];
+          }
+          squares(e) = portable_element(ce, job, nesterov, r.decay, r.p, r.g, r.m, r.v, j, r.div, r.mul);
         });
     Kokkos::parallel_for(
         "levanter::adamw(block sums)", Kokkos::RangePolicy<exec>(0, nc * per_chunk), KOKKOS_LAMBDA(int64_t w) {
@@ -255,7 +270,56 @@ std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nes
         for (int64_t b = 0; b < nb; ++b) total += blocks(ci * per_chunk + b);
         sums(ci) = total;
       });
-  return hd::read_back(sums);
+}
+
+}  // namespace
+
+std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nesterov,
+                                        const std::vector<chunk_ref>& chunks) {
+  if (chunks.empty()) return {};
+  // Scratch and the chunk table from haliax's buffer cache (given back on return, in stream order): a
+  // steady-state step allocates nothing here.
+  namespace hd = haliax::detail;
+  hd::buffer_lease<double> sums_lease;
+  sums_lease.view = hd::buffer_cache<double>::take(chunks.size(), "adamw chunk sums");
+  hd::buffer_lease<chunk_ref> refs;
+  copy_chunk_table(chunks, refs);
+  chunk_sums(c, job, nesterov, chunks, refs.view, sums_lease.view, nullptr);
+  return hd::read_back(sums_lease.view);
+}
+
+std::vector<double> run_clipped_fused_portable(const consts& c, bool nesterov, const std::vector<chunk_ref>& chunks,
+                                               bool clip_on, float max_grad_norm) {
+  if (chunks.empty()) return {0.0};
+  using exec = Kokkos::DefaultExecutionSpace;
+  namespace hd = haliax::detail;
+  const int64_t nc = static_cast<int64_t>(chunks.size());
+  hd::buffer_lease<chunk_ref> table;  // one table for both passes
+  copy_chunk_table(chunks, table);
+  const chunk_view refs = table.view;
+  // out: the update's chunk sums, then the gradient norm, read back together; clip: the decision, on the device.
+  hd::buffer_lease<double> gsq_lease, out_lease;
+  hd::buffer_lease<float> clip_lease;
+  gsq_lease.view = hd::buffer_cache<double>::take(chunks.size(), "adamw chunk sums");
+  out_lease.view = hd::buffer_cache<double>::take(chunks.size() + 1, "adamw chunk sums");
+  clip_lease.view = hd::buffer_cache<float>::take(2, "adamw clip");
+  const auto gsq = gsq_lease.view;
+  const auto out = out_lease.view;
+  const auto clip = clip_lease.view;
+  chunk_sums(consts{}, chunk_job::grad_squares, nesterov, chunks, refs, gsq, nullptr);
+  // As the host does: the chunks' squares summed in chunk order, the square root in double, and clipping when
+  // float(norm) is not below float(max_grad_norm) (optax's clip_by_global_norm, NaN included).
+  Kokkos::parallel_for(
+      "levanter::adamw(grad norm)", Kokkos::RangePolicy<exec>(0, 1), KOKKOS_LAMBDA(int64_t) {
+        double total = 0;
+        for (int64_t ci = 0; ci < nc; ++ci) total += gsq(ci);
+        const double norm = haliax::detail::math::sqrt(total);
+        out(nc) = norm;
+        clip(0) = clip_on && !(static_cast<float>(norm) < max_grad_norm) ? 1.0f : 0.0f;
+        clip(1) = static_cast<float>(norm);
+      });
+  chunk_sums(c, chunk_job::fused, nesterov, chunks, refs, out, clip.data());  // writes out(0 .. nc-1)
+  return hd::read_back(out);
 }
 
 double grad_squares(const float* g, int64_t n) {

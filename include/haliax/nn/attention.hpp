@@ -951,42 +951,16 @@ KOKKOS_INLINE_FUNCTION T soft_capped(T s, T c, T& dc) {
 /// The per-batch-element offsets of an operand (`operand_layout::off`), copied into the arrays' memory space.
 using offset_table = Kokkos::View<std::int64_t*, memory_space>;
 
-/// The offset tables made so far, by content: a training step meets the same few geometries every step, so after
-/// the first step no table is allocated, copied or freed (each would cost a device synchronisation on a GPU).
-/// Bounded: past `max_tables` distinct tables it starts again (a table in use stays alive through its View).
-/// Emptied by clear_buffer_cache(), as the buffer cache is, so that nothing outlives Kokkos.
-struct offset_memo {
-  static constexpr std::size_t max_tables = 512;
-  std::mutex m;
-  std::map<std::vector<std::int64_t>, offset_table> tables;
-
-  static offset_memo& instance() {
-    static offset_memo* memo = [] {
-      auto* p = new offset_memo();  // never destroyed: its Views are released by clear() before finalize
-      auto& reg = haliax::detail::cache_registry::instance();
-      std::lock_guard<std::mutex> lk(reg.m);
-      reg.clearers.push_back(&offset_memo::clear);
-      return p;
-    }();
-    return *memo;
-  }
-  static void clear() {
-    auto& memo = instance();
-    std::lock_guard<std::mutex> lk(memo.m);
-    memo.tables.clear();
-  }
-};
-
+/// The offset table of `off` in the arrays' memory, kept by content (detail::content_memo): a training step meets
+/// the same few geometries every step, so after the first step no table is allocated, copied or freed.
+struct offset_memo_tag;
 inline offset_table device_offsets(const std::vector<std::int64_t>& off, const char* label) {
-  auto& memo = offset_memo::instance();
-  std::lock_guard<std::mutex> lk(memo.m);
-  if (const auto it = memo.tables.find(off); it != memo.tables.end()) return it->second;
-  offset_table d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), off.size());
-  Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> h(off.data(), off.size());
-  Kokkos::deep_copy(d, h);
-  if (memo.tables.size() >= offset_memo::max_tables) memo.tables.clear();
-  memo.tables.emplace(off, d);
-  return d;
+  return haliax::detail::content_memo<offset_memo_tag, std::vector<std::int64_t>, offset_table, 512>::get(off, [&] {
+    offset_table d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), off.size());
+    Kokkos::View<const std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> h(off.data(), off.size());
+    Kokkos::deep_copy(d, h);
+    return d;
+  });
 }
 
 /// The positional mask by value, for kernels: query row i sees keys [key_lo(i), key_hi(i)); key j is seen by

@@ -269,7 +269,51 @@ class adamw {
       }
       return d::run_chunks_portable(cs, job, cfg_.nesterov, refs);
     };
+    // The same chunks (one process: every chunk is this rank's) through run_clipped_fused_portable.
+    auto portable_fused = [&](const d::consts& cs, bool clip, float max_norm) {
+      std::vector<d::chunk_ref> refs;
+      refs.reserve(mine);
+      for (std::size_t i = 0; i < mine; ++i) {
+        int64_t b, e;
+        const auto l = ref(c_lo + i, b, e);
+        refs.push_back({l.p + b, l.g + b, l.m ? l.m + b : nullptr, l.v ? l.v + b : nullptr, e - b, l.decay, 1.0f, 1.0f});
+      }
+      return d::run_clipped_fused_portable(cs, cfg_.nesterov, refs, clip, max_norm);
+    };
     const bool host = haliax::detail::use_host_kernels(haliax::kernels::family::optimizer);
+    const bool clip_on = cfg_.max_grad_norm && *cfg_.max_grad_norm != 0.0;
+    const int64_t t_next = state.adam_count + 1;
+    // The Adam constants of this step (the clipping decision apart, which needs the gradient norm).
+    auto adam_consts = [&] {
+      d::consts c{};
+      c.clip_num = clip_on ? static_cast<float>(*cfg_.max_grad_norm) : 1.0f;
+      c.b1 = static_cast<float>(cfg_.beta1);
+      c.omb1 = static_cast<float>(1.0 - cfg_.beta1);
+      c.b2 = static_cast<float>(cfg_.beta2);
+      c.omb2 = static_cast<float>(1.0 - cfg_.beta2);
+      c.eps = static_cast<float>(cfg_.epsilon);
+      c.bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t_next)));
+      c.bc1_next = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t_next + 1)));
+      c.bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t_next)));
+      c.wd = static_cast<float>(cfg_.adamc_weight_decay ? cfg_.weight_decay * (lr / cfg_.learning_rate)
+                                                        : cfg_.weight_decay);
+      c.neg_lr = static_cast<float>(-lr);
+      return c;
+    };
+
+    // The portable loop of one process with the plain update (no step skipping, no update clipping): the gradient
+    // norm, the clipping decision and the update in one go on the device, read back once (the norm and the update's
+    // chunk sums together) where the general path reads back twice. Bitwise the same (tested).
+    if (!host && !sh && !ts && !skip_ && !cfg_.update_rms_clipping && !cfg_.clip_update_norm) {
+      const auto sq = portable_fused(adam_consts(), clip_on, clip_on ? static_cast<float>(*cfg_.max_grad_norm) : 0.0f);
+      stats.grad_norm = sq.back();
+      ++state.count;
+      state.adam_count = t_next;
+      double usum = 0;
+      for (std::size_t i = 0; i + 1 < sq.size(); ++i) usum += sq[i];
+      stats.update_norm = std::sqrt(usum);
+      return stats;
+    }
 
     const auto gsq = all_chunks(!host ? portable(d::consts{}, d::chunk_job::grad_squares, nullptr, 1.0f)
                                       : d::per_chunk(mine, [&](int64_t i) {
@@ -283,23 +327,10 @@ class adamw {
     ++state.count;
     if (stats.skipped) return stats;
 
-    const int64_t t = ++state.adam_count;
-    d::consts c{};
-    const bool clip_on = cfg_.max_grad_norm && *cfg_.max_grad_norm != 0.0;
+    state.adam_count = t_next;
+    d::consts c = adam_consts();
     c.clip = clip_on && !(static_cast<float>(stats.grad_norm) < static_cast<float>(*cfg_.max_grad_norm));
-    c.clip_num = clip_on ? static_cast<float>(*cfg_.max_grad_norm) : 1.0f;
     c.clip_den = static_cast<float>(stats.grad_norm);
-    c.b1 = static_cast<float>(cfg_.beta1);
-    c.omb1 = static_cast<float>(1.0 - cfg_.beta1);
-    c.b2 = static_cast<float>(cfg_.beta2);
-    c.omb2 = static_cast<float>(1.0 - cfg_.beta2);
-    c.eps = static_cast<float>(cfg_.epsilon);
-    c.bc1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t)));
-    c.bc1_next = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(t + 1)));
-    c.bc2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(t)));
-    c.wd = static_cast<float>(cfg_.adamc_weight_decay ? cfg_.weight_decay * (lr / cfg_.learning_rate)
-                                                      : cfg_.weight_decay);
-    c.neg_lr = static_cast<float>(-lr);
     const bool nest = cfg_.nesterov;
 
     double usum = 0;

@@ -72,4 +72,12 @@ enum class chunk_job { grad_squares, fused, moments, apply };
 std::vector<double> run_chunks_portable(const consts& c, chunk_job job, bool nesterov,
                                         const std::vector<chunk_ref>& chunks);
 
+/// The gradient norm and the fused pass of the portable loop with the clipping decision made on the device: the
+/// gradient's squares per chunk (as chunk_job::grad_squares), their sum in chunk order and its square root, then
+/// the fused pass clipping when clip_on and float(norm) is not below max_grad_norm (c.clip and c.clip_den are
+/// ignored). Returns the fused pass's chunk sums followed by the gradient norm, read back once: bitwise what
+/// run_chunks_portable's two calls and the host's decision give, with one device synchronisation instead of two.
+std::vector<double> run_clipped_fused_portable(const consts& c, bool nesterov, const std::vector<chunk_ref>& chunks,
+                                               bool clip_on, float max_grad_norm);
+
 }  // namespace levanter::optim::detail::adamw
