@@ -345,6 +345,18 @@ KOKKOS_INLINE_FUNCTION void store_sum(T* out, double v) {
   }
 }
 
+/// acc[j] = the sum, in double and in row order, of rows [r0, r1) of column c0 + j of g [., cols], for j < n: one
+/// work item of unbroadcast_rows' first stage.
+template <class T>
+KOKKOS_INLINE_FUNCTION void sum_row_segment(const T* pg, std::int64_t cols, std::int64_t c0, std::int64_t n,
+                                            std::int64_t r0, std::int64_t r1, double* acc) {
+  for (std::int64_t j = 0; j < n; ++j) acc[j] = 0.0;
+  for (std::int64_t t = r0; t < r1; ++t) {
+    const T* row = pg + t * cols + c0;
+    for (std::int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(static_cast<compute_t<T>>(row[j]));
+  }
+}
+
 /// Column sums of g [rows, cols] into po[cols], in two fixed-shape stages: each chunk of
 /// `unbroadcast_chunk_rows` rows sums its rows per column in order (in double), then each column sums its
 /// chunks' partial sums in order. Every (chunk, column) pair is a separate piece of work, so a GPU runs
@@ -364,11 +376,7 @@ void unbroadcast_rows(const T* pg, T* po, std::int64_t cols, std::int64_t rows) 
           const std::int64_t c0 = b * block;
           const std::int64_t n = cols - c0 < block ? cols - c0 : block;
           double acc[block];
-          for (std::int64_t j = 0; j < n; ++j) acc[j] = 0.0;
-          for (std::int64_t t = 0; t < rows; ++t) {
-            const T* row = pg + t * cols + c0;
-            for (std::int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(static_cast<compute_t<T>>(row[j]));
-          }
+          sum_row_segment(pg, cols, c0, n, 0, rows, acc);
           for (std::int64_t j = 0; j < n; ++j) store_sum<T>(po + c0 + j, acc[j]);
         });
     return;
@@ -386,12 +394,8 @@ void unbroadcast_rows(const T* pg, T* po, std::int64_t cols, std::int64_t rows) 
         const std::int64_t c0 = b * block;
         const std::int64_t n = cols - c0 < block ? cols - c0 : block;
         const std::int64_t r0 = ch * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
-        double acc[block];
-        for (std::int64_t j = 0; j < n; ++j) acc[j] = 0.0;
-        for (std::int64_t t = r0; t < r1; ++t) {
-          const T* row = pg + t * cols + c0;
-          for (std::int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(static_cast<compute_t<T>>(row[j]));
-        }
+        double acc[block];  // in registers, then stored once
+        sum_row_segment(pg, cols, c0, n, r0, r1, acc);
         double* out = parts + ch * cols + c0;
         for (std::int64_t j = 0; j < n; ++j) out[j] = acc[j];
       });
