@@ -5,11 +5,13 @@
 // errors, and the pure-function property.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <levanter/data/mixture.hpp>
 #include <levanter/data/permutation.hpp>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -263,4 +265,76 @@ TEST_CASE("bad weights and stages throw data_error naming the key") {
   expect_error([&] { ld::mixture_stages_from_steps({{0, {{"a", 1.0}}}, {-1, {{"a", 1.0}}}}, 8, 16); }, "negative");
   // Zero weight in one stage is fine when another stage uses the dataset; an unused empty dataset is fine.
   CHECK_NOTHROW(ld::mixture_index({"a", "b"}, {{0, {{"a", 1.0}, {"b", 0.0}}}}, 16, k, {5, 0}));
+}
+
+TEST_CASE("stop strategies: where each dataset runs out, and the mixture's length, by counting examples") {
+  // Three datasets over two stages; 'b' is not drawn in the second stage.
+  const std::vector<std::string> names = {"a", "b", "c"};
+  const std::vector<ld::mixture_stage> stages = {{0, {{"a", 0.5}, {"b", 0.3}, {"c", 0.2}}},
+                                                 {256, {{"a", 0.25}, {"c", 0.75}}}};
+  const hr::key key = hr::make_key(17);
+  const std::int64_t block = 32, horizon = 4096;
+  // Counting: the global index of each dataset's n-th example, read off the (golden-checked) index function.
+  const ld::mixture_index endless(names, stages, block, key, {1000, 1000, 1000});
+  std::vector<std::vector<std::int64_t>> at(3);  // at[d][n - 1]: where dataset d yields its n-th example
+  for (std::int64_t i = 0; i < horizon; ++i) at[endless(i).first].push_back(i);
+  // Per block of 32: stage 0 draws a 17 (16 + the remainder), b 9, c 6; stage 1 a 8, c 24. So 'b' is drawn 72 times
+  // in stage 0's 8 blocks, then never again.
+  REQUIRE(at[1].size() == 72);
+  REQUIRE(at[0].size() == 17 * 8 + 8 * 120);
+  for (std::size_t d = 0; d < 3; ++d)
+    for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{16}, std::size_t{17}, std::size_t{72}}) {
+      CAPTURE(d);
+      CAPTURE(n);
+      CHECK(endless.exhaustion_index(d, static_cast<std::int64_t>(n)) == at[d][n - 1]);
+    }
+  CHECK_FALSE(endless.exhaustion_index(1, 73).has_value());  // 'b' is never drawn a 73rd time
+  CHECK(endless.exhaustion_index(0, 1000) == at[0][999]);      // well into the second stage
+  CHECK(endless.exhaustion_index(2, 2000) == at[2][1999]);
+  CHECK_FALSE(endless.length().has_value());
+  CHECK_THROWS_AS((void)endless.exhaustion_index(0, 0), std::invalid_argument);
+
+  // first_exhausted ends one past the earliest end; all_exhausted one past the latest; restart never.
+  const std::vector<std::int64_t> lengths = {300, 40, 900};
+  const auto end_of = [&](std::size_t d) { return at[d][static_cast<std::size_t>(lengths[d] - 1)]; };
+  ld::mixture_index first(names, stages, block, key, lengths, ld::stop_strategy::first_exhausted);
+  ld::mixture_index all(names, stages, block, key, lengths, ld::stop_strategy::all_exhausted);
+  REQUIRE(first.length().has_value());
+  REQUIRE(all.length().has_value());
+  CHECK(*first.length() == std::min({end_of(0), end_of(1), end_of(2)}) + 1);
+  CHECK(*all.length() == std::max({end_of(0), end_of(1), end_of(2)}) + 1);
+  CHECK(*first.length() == end_of(1) + 1);  // the small 'b' runs out first
+  CHECK(*all.length() == end_of(2) + 1);
+  // Up to its end a finite mixture is the endless one, modulo each length (all_exhausted wraps those that ran out);
+  // past it, a clear error. Under first_exhausted no dataset is drawn more often than it has examples.
+  std::vector<std::int64_t> drawn(3, 0);
+  for (std::int64_t i = 0; i < *all.length(); ++i) {
+    const auto [d, k] = endless(i);
+    const auto expect = std::make_pair(d, k % lengths[d]);
+    if (i < *first.length()) {
+      REQUIRE(first(i) == expect);
+      REQUIRE(++drawn[d] <= lengths[d]);
+    }
+    REQUIRE(all(i) == expect);
+  }
+  CHECK(drawn[1] == lengths[1]);  // 'b' ends it with its last draw
+  CHECK_THROWS_AS((void)first(*first.length()), ld::data_error);
+  CHECK_THROWS_AS((void)all(*all.length() + 5), ld::data_error);
+
+  // A dataset that is never used up ('b' longer than what stage 0 draws): first_exhausted ignores it,
+  // all_exhausted never ends (upstream: an infinite mixture).
+  const std::vector<std::int64_t> long_b = {300, 500, 900};
+  ld::mixture_index first_long(names, stages, block, key, long_b, ld::stop_strategy::first_exhausted);
+  ld::mixture_index all_long(names, stages, block, key, long_b, ld::stop_strategy::all_exhausted);
+  CHECK(first_long.length() == std::min(end_of(0), end_of(2)) + 1);
+  CHECK_FALSE(all_long.length().has_value());
+
+  CHECK(ld::parse_stop_strategy("first_exhausted") == ld::stop_strategy::first_exhausted);
+  CHECK(std::string(ld::to_string(ld::stop_strategy::all_exhausted)) == "all_exhausted");
+  try {
+    (void)ld::parse_stop_strategy("first");
+    FAIL_CHECK("no exception");
+  } catch (const ld::data_error& e) {
+    CHECK(std::string(e.what()).find("data.stop_strategy: unknown stop strategy 'first'") != std::string::npos);
+  }
 }

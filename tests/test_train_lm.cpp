@@ -584,6 +584,90 @@ TEST_CASE("train_lm: a mixture of two datasets with staged weights, per-tag eval
   fs::remove_all(dir);
 }
 
+TEST_CASE("train_lm: epoch N and a mixture's stop_strategy end the run where the data ends") {
+  auto dir = temp_dir("epochs");
+  write_corpus(dir / "train.jsonl", 12, 30);
+  write_corpus(dir / "valid.jsonl", 5, 31);
+  const auto windows_of = [](const levanter::TrainLmConfig& c, std::int64_t epochs) {
+    levanter::data::lm_data::options o;
+    o.seq_len = 32;
+    o.batch_size = 4;
+    o.data_key = haliax::random::make_key(0);
+    o.epochs = epochs;
+    levanter::data::lm_data d(c.data, o);
+    return std::make_pair(d.single_size(), d.train_length());
+  };
+
+  // epoch: 2 over a single dataset: 2N examples, so floor(2N / 4) steps of 4, whatever num_train_steps says.
+  auto cfg = tiny_config(dir, "epoch: 2\n");
+  cfg.trainer.num_train_steps = 1000;
+  cfg.data.shuffle = true;
+  cfg.trainer.id = "two-epochs";
+  const auto [n, length] = windows_of(cfg, 2);
+  REQUIRE(n > 10);
+  CHECK(length == 2 * n);
+  CHECK_FALSE(windows_of(cfg, 0).second.has_value());  // epoch: 0, no end
+  auto res = run(cfg);
+  CHECK(res.steps == 2 * n / 4);
+  REQUIRE(res.last_checkpoint.has_value());
+  CHECK(fs::path(*res.last_checkpoint).filename() == "step-" + std::to_string(2 * n / 4));
+  CHECK(loss_log(dir / "logs" / "two-epochs" / "metrics.jsonl").size() == static_cast<std::size_t>(2 * n / 4));
+  const std::string log = file_bytes(dir / "logs" / "two-epochs" / "train_lm.log");
+  CHECK(log.find("the training data ends after " + std::to_string(2 * n) + " examples: training stops after step " +
+                 std::to_string(2 * n / 4) + " of trainer.num_train_steps 1000") != std::string::npos);
+  if ((2 * n) % 4 != 0) CHECK(log.find("do not fill a batch and are left out") != std::string::npos);
+  // Run again: the checkpoint is where the data ends, so there is nothing left to train.
+  auto again = run(cfg);
+  CHECK(again.start_step == res.steps);
+  CHECK(again.steps == res.steps);
+  CHECK(file_bytes(dir / "logs" / "two-epochs" / "train_lm.log").find("(where the training data ends); nothing to "
+                                                                        "train") != std::string::npos);
+  // A shorter run than the data is unchanged: num_train_steps still ends it.
+  cfg.trainer.id = "short";
+  cfg.trainer.num_train_steps = 3;
+  CHECK(run(cfg).steps == 3);
+
+  // A mixture with first_exhausted / all_exhausted ends where upstream's MixtureDataset's length says.
+  write_corpus(dir / "b_train.jsonl", 40, 32);
+  auto mix = tiny_config(dir);
+  mix.data.train_urls.clear();
+  mix.data.validation_urls.clear();
+  mix.data.configs = opaque("{small: {train_urls: [\"" + (dir / "train.jsonl").string() + "\"]}, big: {train_urls: [\"" +
+                            (dir / "b_train.jsonl").string() + "\"]}}");
+  mix.data.train_weights = opaque("{small: 0.5, big: 0.5}");
+  mix.data.mixture_block_size = 8;
+  mix.trainer.num_train_steps = 1000;
+  mix.trainer.steps_per_eval = 1000;
+  std::int64_t first_len = 0;
+  for (const char* stop : {"first_exhausted", "all_exhausted"}) {
+    CAPTURE(stop);
+    mix.data.stop_strategy = stop;
+    mix.trainer.id = std::string("mix-") + stop;
+    levanter::data::lm_data::options o;
+    o.seq_len = 32;
+    o.batch_size = 4;
+    o.data_key = haliax::random::split(haliax::random::make_key(static_cast<std::uint64_t>(mix.trainer.seed)), 4)[0];
+    const auto len = levanter::data::lm_data(mix.data, o).train_length();
+    REQUIRE(len.has_value());
+    // Equal weights: 'small' (n windows) runs out near example 2n, 'big' near 2 x its windows.
+    if (std::string(stop) == "first_exhausted") {
+      CHECK(*len >= 2 * n - 8);
+      CHECK(*len <= 2 * n + 8);
+      first_len = *len;
+    } else {
+      CHECK(*len > first_len);
+    }
+    CHECK(run(mix).steps == *len / 4);
+  }
+  // epoch with a mixture is refused, as upstream.
+  mix.epoch = 2;
+  const auto v = levanter::validate_train_lm(mix, {});
+  std::string errors;
+  for (const auto& e : v.errors) errors += e + "\n";
+  CHECK(errors.find("epochs are not supported for mixture datasets") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("train_lm: a Hugging Face tokenizer.json, its cache reused, and a cache of another tokenizer refused") {
   auto dir = temp_dir("hftok");
   write_corpus(dir / "train.jsonl", 100, 22);

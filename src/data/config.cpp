@@ -78,9 +78,13 @@ void validate(config::validator& v, const LmDataConfig& d) {
   if (d.configs.set && (!d.train_urls.empty() || !d.validation_urls.empty()))
     v.error("data.configs", "give either data.configs (a mixture) or data.train_urls/validation_urls (one dataset), "
                             "not both");
-  if (d.stop_strategy && *d.stop_strategy != "restart")
-    v.refuse("data.stop_strategy", "stop_strategy '" + *d.stop_strategy + "' is not implemented (upstream implements "
-             "only restart either)", "use stop_strategy: restart");
+  if (d.stop_strategy) {
+    const std::string& s = *d.stop_strategy;
+    if (s != "restart" && s != "first_exhausted" && s != "all_exhausted")
+      v.error("data.stop_strategy", "unknown stop strategy '" + s + "': use restart, first_exhausted or all_exhausted");
+    else if (s != "restart" && !d.configs.set)
+      v.note("data.stop_strategy", "ignored (it ends a mixture, data.configs; end a single dataset with epoch: N)");
+  }
   if (d.mixture_block_size && (*d.mixture_block_size <= 0 || *d.mixture_block_size >= 65536))
     v.error("data.mixture_block_size", "must be in [1, 65535] (got " + std::to_string(*d.mixture_block_size) + ")");
   const std::pair<const char*, bool> unsupported[] = {{"target_budget", d.target_budget.set},

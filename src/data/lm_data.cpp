@@ -126,7 +126,8 @@ std::vector<mixture_stage> weight_stages(const LmDataConfig& d, const std::vecto
   return out;
 }
 
-lm_data::lm_data(const LmDataConfig& d, const options& o) : tok_(make_tokenizer(d)), seq_len_(o.seq_len) {
+lm_data::lm_data(const LmDataConfig& d, const options& o)
+    : tok_(make_tokenizer(d)), seq_len_(o.seq_len), epochs_(o.epochs) {
   auto log = o.log ? o.log : [](const std::string&) {};
   specs_ = dataset_specs(d);
   source_options src;
@@ -185,6 +186,10 @@ lm_data::lm_data(const LmDataConfig& d, const options& o) : tok_(make_tokenizer(
     return;
   }
   // A mixture: every dataset in use must be complete to know its length.
+  if (o.epochs > 0)  // as upstream (LMMixtureDatasetConfig.train_sets)
+    throw config::config_error("epoch: epochs are not supported for mixture datasets (data.configs); use "
+                               "data.stop_strategy: first_exhausted or all_exhausted to end a mixture, or epoch: 0");
+  const auto stop = parse_stop_strategy(d.stop_strategy.value_or("restart"));
   auto stages = mixture_stages_from_steps(weight_stages(d, specs_), o.batch_size, d.mixture_block_size.value_or(2048));
   std::vector<std::string> names;
   for (const auto& s : specs_) names.push_back(s.name);
@@ -203,13 +208,29 @@ lm_data::lm_data(const LmDataConfig& d, const options& o) : tok_(make_tokenizer(
       throw data_error("data.configs." + specs_[i].name + ": its data holds fewer tokens than one window of seq_len " +
                        std::to_string(o.seq_len));
   }
-  mixture_.emplace(names, stages, d.mixture_block_size.value_or(2048), make_mixture_keys(o.data_key, 0).mix, lengths);
+  mixture_.emplace(names, stages, d.mixture_block_size.value_or(2048), make_mixture_keys(o.data_key, 0).mix, lengths,
+                   stop);
   for (const auto& w : mixture_->warnings()) log("mixture: " + w);
+  if (stop != stop_strategy::restart)
+    log(std::string("mixture: stop_strategy ") + to_string(stop) + ": " +
+        (mixture_->length() ? "the mixture ends after " + std::to_string(*mixture_->length()) + " examples"
+                            : std::string("no dataset in use runs out, so the mixture never ends")));
   const auto keys = make_mixture_keys(o.data_key, mixture_->datasets_in_use().size());
   orders_.resize(specs_.size());
   std::size_t k = 0;
   for (std::size_t pos : mixture_->datasets_in_use())
     orders_[pos] = make_example_order(shuffle_, kind_, static_cast<std::uint64_t>(lengths[pos]), keys.component[k++]);
+}
+
+std::optional<std::int64_t> lm_data::train_length() const {
+  if (mixture_) return mixture_->length();
+  if (epochs_ <= 0) return std::nullopt;
+  const std::int64_t n = single_size();
+  if (n == 0)
+    throw data_error("the training data holds " + std::to_string(train_.front()->cache().total_tokens()) +
+                     " tokens, fewer than one window of seq_len " + std::to_string(seq_len_) +
+                     " (add data or lower model.seq_len)");
+  return epochs_ * n;
 }
 
 std::vector<std::int32_t> lm_data::examples(std::int64_t first, std::int64_t n) const {
@@ -229,7 +250,8 @@ void lm_data::example(std::int64_t i, std::int32_t* out) const {
     w.window(i, out);
     return;
   }
-  // Shuffled, or past the end (the run wraps around to the start: another epoch in the same order).
+  // Shuffled, or past the end (the run wraps around to the start: another epoch in the same order, as upstream's
+  // EpochDataset over the shuffled windows).
   std::call_once(single_once_, [&] {
     single_n_ = w.final_size();
     if (single_n_ == 0)

@@ -45,13 +45,31 @@ struct mixture_index::block_cache {
   std::list<std::pair<std::int64_t, std::shared_ptr<const std::vector<std::int32_t>>>> entries;
 };
 
+stop_strategy parse_stop_strategy(const std::string& name) {
+  if (name == "restart") return stop_strategy::restart;
+  if (name == "first_exhausted") return stop_strategy::first_exhausted;
+  if (name == "all_exhausted") return stop_strategy::all_exhausted;
+  throw data_error("data.stop_strategy: unknown stop strategy '" + name +
+                   "'; use restart, first_exhausted or all_exhausted");
+}
+
+const char* to_string(stop_strategy s) {
+  switch (s) {
+    case stop_strategy::first_exhausted: return "first_exhausted";
+    case stop_strategy::all_exhausted: return "all_exhausted";
+    case stop_strategy::restart: break;
+  }
+  return "restart";
+}
+
 mixture_index::mixture_index(std::vector<std::string> names, std::vector<mixture_stage> stages, std::int64_t block_size,
-                             haliax::random::key key, std::vector<std::int64_t> lengths)
+                             haliax::random::key key, std::vector<std::int64_t> lengths, stop_strategy stop)
     : names_(std::move(names)),
       block_size_(block_size),
       key_(key),
       lengths_(std::move(lengths)),
-      cache_(std::make_shared<block_cache>()) {
+      cache_(std::make_shared<block_cache>()),
+      stop_(stop) {
   if (names_.empty()) throw data_error("mixture: data.configs is empty; give at least one dataset");
   if (lengths_.size() != names_.size())
     throw std::invalid_argument("levanter::data::mixture_index: " + std::to_string(names_.size()) + " names but " +
@@ -132,11 +150,54 @@ mixture_index::mixture_index(std::vector<std::string> names, std::vector<mixture
     unpermuted_.push_back(std::move(ids));
     counts_.push_back(std::move(c));
   }
+
+  // A finite mixture's length (upstream _compute_finite_length_or_none): one past the first (first_exhausted) or
+  // the last (all_exhausted) example at which a dataset yields its last example.
+  if (stop_ == stop_strategy::restart) return;
+  std::optional<std::int64_t> end;
+  for (std::size_t pos : used_) {
+    const auto at = exhaustion_index(pos, lengths_[pos]);
+    if (!at) {
+      if (stop_ == stop_strategy::all_exhausted) return;  // this one is never used up: endless
+      continue;
+    }
+    end = !end ? *at : stop_ == stop_strategy::first_exhausted ? std::min(*end, *at) : std::max(*end, *at);
+  }
+  if (end) length_ = *end + 1;
+}
+
+std::optional<std::int64_t> mixture_index::exhaustion_index(std::size_t position, std::int64_t count) const {
+  const auto it = std::find(used_.begin(), used_.end(), position);
+  if (it == used_.end() || count < 1)
+    throw std::invalid_argument("levanter::data::mixture_index::exhaustion_index: dataset " +
+                                std::to_string(position) + " is not in use or count " + std::to_string(count) +
+                                " < 1");
+  const auto d = static_cast<std::size_t>(it - used_.begin());
+  for (std::size_t s = 0; s < counts_.size(); ++s) {
+    const std::int64_t per_block = counts_[s][d];
+    const std::int64_t before = s > 0 ? after_stage_[s - 1][d] : 0;  // its examples drawn before stage s
+    if (count <= before || per_block == 0) continue;
+    if (s + 1 < counts_.size() && count > before + per_block * ((starts_[s + 1] - starts_[s]) / block_size_))
+      continue;  // not reached within this stage
+    const std::int64_t blocks_in = (count - before - 1) / per_block;
+    const std::int64_t block = starts_[s] / block_size_ + blocks_in;
+    std::int64_t occurrence = count - (before + blocks_in * per_block) - 1;  // its how-manieth in that block
+    const auto ids = block_ids(block);
+    for (std::size_t i = 0; i < ids->size(); ++i)
+      if (static_cast<std::size_t>((*ids)[i] >> 16) == d && occurrence-- == 0)
+        return block * block_size_ + static_cast<std::int64_t>(i);
+    throw std::logic_error("levanter::data::mixture_index: block " + std::to_string(block) + " holds fewer than " +
+                           std::to_string(per_block) + " examples of dataset " + std::to_string(position));
+  }
+  return std::nullopt;
 }
 
 std::pair<std::size_t, std::int64_t> mixture_index::operator()(std::int64_t global_index) const {
   if (global_index < 0)
     throw std::out_of_range("levanter::data::mixture_index: negative index " + std::to_string(global_index));
+  if (length_ && global_index >= *length_)
+    throw data_error("mixture: example " + std::to_string(global_index) + " is past the end of the mixture (" +
+                     std::to_string(*length_) + " examples with stop_strategy " + to_string(stop_) + ")");
   const std::int64_t block = global_index / block_size_;
   const auto ids = block_ids(block);
   return resolve((*ids)[static_cast<std::size_t>(global_index % block_size_)], block);

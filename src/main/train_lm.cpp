@@ -113,10 +113,12 @@ config::validation_result validate_train_lm(const TrainLmConfig& cfg, const conf
   if (cfg.log_entropy) v.refuse("log_entropy", "entropy histograms are not supported yet", "set log_entropy: false");
   if (cfg.initialize_from_checkpoint_path)
     config::check_remote(v, "initialize_from_checkpoint_path", *cfg.initialize_from_checkpoint_path, "directory");
-  if (cfg.epoch > 0)
-    v.refuse("epoch", "epoch-bounded training (epoch " + std::to_string(cfg.epoch) + ") is not supported yet",
-             "use epoch: 0 and bound the run with trainer.num_train_steps");
-  if (cfg.epoch < 0) v.error("epoch", "must be >= 0 (0: unbounded)");
+  if (cfg.epoch < 0 || cfg.epoch > (1 << 20))
+    v.error("epoch", "must be in [0, 1048576] (0: no end; N: the run stops after N passes over the data), got " +
+                         std::to_string(cfg.epoch));
+  else if (cfg.epoch > 0 && cfg.data.configs.set)  // as upstream's LMMixtureDatasetConfig
+    v.error("epoch", "epochs are not supported for mixture datasets (data.configs); end a mixture with "
+                     "data.stop_strategy: first_exhausted or all_exhausted, or set epoch: 0");
   // A weight on logsumexp^2 (upstream's configs use 1e-4): above 1 it outweighs the loss itself.
   if (!(cfg.z_loss_weight >= 0 && cfg.z_loss_weight <= 1))
     v.error("z_loss_weight", "must be between 0 and 1 (upstream uses 1e-4; got " + config::fmt_num(cfg.z_loss_weight) + ")");

@@ -55,6 +55,18 @@ std::int64_t data_offset_at(const config::IntSchedule& bs, std::int64_t step) {
   return off;
 }
 
+std::int64_t steps_within(const config::IntSchedule& bs, std::int64_t examples, std::int64_t max_steps) {
+  std::int64_t lo = 0, hi = std::max<std::int64_t>(max_steps, 0);  // data_offset_at grows with the step
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo + 1) / 2;
+    if (data_offset_at(bs, mid) <= examples)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 void check_finite(double value, const char* metric, std::int64_t step, bool crash_on_nan, bool crash_on_inf) {
   if (std::isnan(value) && crash_on_nan)
     throw training_error("step " + std::to_string(step) + ": " + metric +

@@ -77,6 +77,9 @@ class lm_data {
     std::int64_t batch_size = 0;  ///< for staged mixture weights (steps -> example offsets)
     haliax::random::key data_key;
     std::function<void(const std::string&)> log;  ///< progress lines
+    /// train_lm's `epoch` (upstream EpochDataset): passes over a single dataset's training windows before the data
+    /// ends; 0 for no end (each pass in the same order). A mixture ends by its stop_strategy instead.
+    std::int64_t epochs = 0;
   };
 
   lm_data(const LmDataConfig& d, const options& o);
@@ -95,6 +98,10 @@ class lm_data {
   /// Training windows of a single source (waits for its cache to finish).
   std::int64_t single_size() const { return train_.front()->final_size(); }
 
+  /// Training examples before the data ends: `epochs` passes over a single source (waits for its cache to
+  /// finish), or a mixture's length under first_exhausted / all_exhausted; none when the data never ends.
+  std::optional<std::int64_t> train_length() const;
+
  private:
   void example(std::int64_t i, std::int32_t* out) const;
 
@@ -110,6 +117,7 @@ class lm_data {
   mutable std::once_flag single_once_;
   mutable std::int64_t single_n_ = 0;
   mutable std::optional<example_order> single_order_;
+  std::int64_t epochs_ = 0;
   std::optional<mixture_index> mixture_;
   std::vector<std::optional<example_order>> orders_;
 };

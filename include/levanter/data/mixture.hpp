@@ -16,6 +16,14 @@
 //   jax.random.permutation(fold_in(mix_key, b), ids) — mix_key is the first half of split(data_key).
 // * An id (d, k) in block b of stage s is example k + Σ_{earlier stages} counts·blocks + (b − first block of s)·
 //   count_s(d) of dataset d; with `stop_strategy: restart` finite datasets wrap: that index modulo the length.
+// * `stop_strategy` (upstream's StopStrategy): `restart` (the default) makes the mixture endless. `first_exhausted`
+//   ends it at the example after the one where any dataset yields its last example; `all_exhausted` at the example
+//   after the last dataset does (datasets that ran out meanwhile wrap, as with restart). Where a dataset yields its
+//   L-th example is found from its block counts and that one block's permutation. A dataset that stops being drawn
+//   before its end (weight 0 in the last stage) never runs out: first_exhausted ignores it, and all_exhausted is
+//   then endless, as upstream. Within a block a dataset's examples come in shuffled order, so in the block where it
+//   runs out a draw or two may name an index past its end: those wrap, as with restart (upstream would read past
+//   the dataset's end there).
 // * Staged weights `[[step, {name: w}], ...]` start at example offset step·batch_size (BatchSchedule with a
 //   constant batch size); the first stage must start at 0 and every start must be a multiple of block_size and
 //   larger than the previous one (upstream asserts this).
@@ -26,6 +34,7 @@
 #include <haliax/random.hpp>
 #include <levanter/data/error.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,8 +55,15 @@ struct mixture_stage {
 std::vector<mixture_stage> mixture_stages_from_steps(std::vector<mixture_stage> stages, std::int64_t batch_size,
                                                      std::int64_t block_size);
 
-/// The mixture of `names.size()` datasets as upstream's MixtureDataset with stop_strategy "restart" and
-/// randomize_blocks true: a pure function of (names, stages, block_size, key, lengths, index). Thread-safe.
+/// upstream StopStrategy: what a mixture does when a dataset runs out.
+enum class stop_strategy { restart, first_exhausted, all_exhausted };
+
+/// "restart", "first_exhausted" or "all_exhausted"; data_error naming data.stop_strategy otherwise.
+stop_strategy parse_stop_strategy(const std::string& name);
+const char* to_string(stop_strategy s);
+
+/// The mixture of `names.size()` datasets as upstream's MixtureDataset with randomize_blocks true: a pure function
+/// of (names, stages, block_size, key, lengths, stop strategy, index). Thread-safe.
 class mixture_index {
  public:
   /// names: every configured dataset, in config order (`data.configs`); stages: weights with starts in example
@@ -56,10 +72,23 @@ class mixture_index {
   /// Throws data_error for: no stages, weights naming an unknown dataset, negative, non-finite or all-zero
   /// weights, a block size outside [1, 65535], unsorted or unaligned stage starts, an empty dataset in use.
   mixture_index(std::vector<std::string> names, std::vector<mixture_stage> stages, std::int64_t block_size,
-                haliax::random::key key, std::vector<std::int64_t> lengths);
+                haliax::random::key key, std::vector<std::int64_t> lengths,
+                stop_strategy stop = stop_strategy::restart);
 
-  /// (dataset, index within it) of global example `global_index` >= 0; dataset is a position in `names`.
+  /// (dataset, index within it) of global example `global_index` >= 0; dataset is a position in `names`. A finite
+  /// mixture throws data_error for an index at or past length().
   std::pair<std::size_t, std::int64_t> operator()(std::int64_t global_index) const;
+
+  /// Examples in the mixture: none (endless) with restart, or where first_exhausted / all_exhausted end it
+  /// (upstream MixtureDataset.async_len).
+  std::optional<std::int64_t> length() const { return length_; }
+
+  /// The global index at which dataset `position` (of `names`) yields its `count`-th example (count >= 1), or
+  /// none if it never does (upstream _first_exhaustion_index_for_dataset). Throws std::invalid_argument for a
+  /// dataset not in use or count < 1.
+  std::optional<std::int64_t> exhaustion_index(std::size_t position, std::int64_t count) const;
+
+  stop_strategy stop() const { return stop_; }
 
   /// The examples [start, start + count) at once (one block permutation per block touched).
   std::vector<std::pair<std::size_t, std::int64_t>> batch(std::int64_t start, std::int64_t count) const;
@@ -101,6 +130,8 @@ class mixture_index {
   std::vector<std::vector<std::int32_t>> unpermuted_;   // per stage
   std::vector<std::string> warnings_;
   std::shared_ptr<block_cache> cache_;
+  stop_strategy stop_ = stop_strategy::restart;
+  std::optional<std::int64_t> length_;
 };
 
 /// The keys LMMixtureDatasetConfig.train_set derives from the data key (train_lm: the first of

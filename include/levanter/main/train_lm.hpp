@@ -84,6 +84,7 @@ struct train_lm_run {
     dopt.batch_size = t.train_batch_size.at(0);
     dopt.data_key = data_key;
     dopt.log = log;
+    dopt.epochs = cfg.epoch;
     data.emplace(cfg.data, dopt);
     const data::tokenizer& tok = data->tok();
     vocab = hf_init ? hf_init->vocab_size : cfg.data.vocab_size.value_or(tok.vocab_size());
@@ -309,7 +310,7 @@ train_result run_train_lm(const TrainLmConfig& cfg, typename M::config_type mc, 
   const auto ignore = cfg.data.ignore_token_id;
   auto res = trainer.train(r.state, [&](std::int64_t first, std::int64_t count) {
     return detail::training_batch(data, first, count, seq_len, eos, ignore);
-  });
+  }, data.train_length());
   detail::write_summary(r, res);
   return res;
 }

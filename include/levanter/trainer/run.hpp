@@ -40,6 +40,11 @@ std::string resolve_run_id(const std::optional<std::string>& configured);
 /// Global example offset of `step` under a batch-size schedule (upstream BatchSchedule.global_data_offset_by_step).
 std::int64_t data_offset_at(const config::IntSchedule& batch_sizes, std::int64_t step);
 
+/// The steps, at most `max_steps`, whose batches `examples` examples fill: the largest s <= max_steps with
+/// data_offset_at(s) <= examples (upstream's loader ends a finite dataset there, padding a last partial batch;
+/// ours leaves those examples out, so every step keeps its batch shape).
+std::int64_t steps_within(const config::IntSchedule& batch_sizes, std::int64_t examples, std::int64_t max_steps);
+
 /// Stops the run when `value` is NaN or infinite and the config says to (upstream crash_on_nan/crash_on_inf).
 void check_finite(double value, const char* metric, std::int64_t step, bool crash_on_nan, bool crash_on_inf);
 

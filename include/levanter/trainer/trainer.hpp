@@ -239,16 +239,29 @@ class Trainer {
   /// The checkpoint initial_state loaded, if any.
   const std::optional<std::string>& resumed_from() const { return resumed_from_; }
 
-  /// Trains `state` from state.step to trainer.num_train_steps, taking batches from `batches`. One step is one
+  /// Trains `state` from state.step to trainer.num_train_steps, taking batches from `batches`; when the data ends
+  /// (`examples`: how many there are, as train_lm's `epoch` or a mixture's stop_strategy make it finite), at the
+  /// last step whose batch it fills, as upstream's loader ends a finite dataset. One step is one
   /// function of (state, batch) (`step_loop::take_step`); around it run the default hooks, in upstream's order
   /// (`_add_default_hooks`): metrics and progress, the checkpointer (rank 0 deciding, every rank taking part), then
   /// the program's hooks; trainer.watch and the profiler wrap the steps they are asked for.
-  train_result train(train_state<M>& state, const batch_fn& batches) {
+  train_result train(train_state<M>& state, const batch_fn& batches,
+                     std::optional<std::int64_t> examples = std::nullopt) {
     // trainer.mp's compute dtype: bfloat16 products for the steps and the hooks (evaluation) when this machine runs
     // them (haliax/precision.hpp); parameters, gradients and optimizer state stay f32.
     haliax::matmul_precision_scope precision(matmul_precision_of(cfg_));
-    step_loop loop(*this, state, batches);
-    for (std::int64_t step = state.step; step < cfg_.num_train_steps; ++step) {
+    const std::int64_t end =
+        examples ? steps_within(cfg_.train_batch_size, *examples, cfg_.num_train_steps) : cfg_.num_train_steps;
+    if (end < cfg_.num_train_steps) {
+      const std::int64_t used = data_offset_at(cfg_.train_batch_size, end);
+      run_.logger()("the training data ends after " + std::to_string(*examples) + " examples: training stops after step " +
+                    std::to_string(end) + " of trainer.num_train_steps " + std::to_string(cfg_.num_train_steps) +
+                    (used < *examples ? " (the last " + std::to_string(*examples - used) +
+                                            " examples do not fill a batch and are left out)"
+                                      : std::string()));
+    }
+    step_loop loop(*this, state, batches, end);
+    for (std::int64_t step = state.step; step < end; ++step) {
       loop.profile_begin(step);
       const auto out = loop.take_step(step);
       const auto t_hooks = std::chrono::steady_clock::now();
@@ -285,8 +298,8 @@ class Trainer {
   /// One call of train(): the parameters' layout, the checkpointer, the meters and what the hooks last did.
   class step_loop {
    public:
-    step_loop(Trainer& tr, train_state<M>& state, const batch_fn& batches)
-        : tr_(tr), t_(tr.cfg_), state_(state), batches_(batches), log_(tr.run_.logger()), start_(state.step),
+    step_loop(Trainer& tr, train_state<M>& state, const batch_fn& batches, std::int64_t end)
+        : tr_(tr), t_(tr.cfg_), state_(state), batches_(batches), log_(tr.run_.logger()), start_(state.step), end_(end),
           root_(tr.comm_.rank() == 0), ranks_(tr.comm_.size()), T_(tr.plan_.mesh.model),
           layout_(state.model, tr.plan_, *tr.data_, tr.model_group_.get(),
                   T_ > 1 ? tr.split_dims(state.model) : std::vector<int>{},
@@ -301,9 +314,9 @@ class Trainer {
       res_.start_step = start_;
       res_.resumed_from = tr.resumed_from_;
       res_.steps = start_;
-      if (start_ >= t_.num_train_steps && tr.resumed_from_)
-        log_("the checkpoint is already at step " + std::to_string(start_) + " of " +
-             std::to_string(t_.num_train_steps) + "; nothing to train");
+      if (start_ >= end_ && tr.resumed_from_)
+        log_("the checkpoint is already at step " + std::to_string(start_) + " of " + std::to_string(end_) +
+             (end_ < t_.num_train_steps ? " (where the training data ends)" : "") + "; nothing to train");
       // Rank 0 writes the checkpoints (a sharded optimizer gathers its state for it).
       if (root_) ckpt_.emplace(tr.ck_policy_, checkpoint::checkpointer::clock_fn{}, log_);
       if (ckpt_ && tr.resumed_from_) ckpt_->resumed_at(start_);
@@ -312,7 +325,7 @@ class Trainer {
       meter_.hardware_flops_per_token = tr.opts_.flops_per_token + tr.opts_.recompute_flops_per_token;
       meter_.peak_flops = tr.peak_flops_;
       prof_first_ = std::max<std::int64_t>(t_.profiler_start_step, start_);
-      prof_end_ = std::min<std::int64_t>(prof_first_ + t_.profiler_num_steps, t_.num_train_steps);
+      prof_end_ = std::min<std::int64_t>(prof_first_ + t_.profiler_num_steps, end_);
       print_every_ = std::max<std::int64_t>(1, std::min<std::int64_t>(10, t_.num_train_steps / 20));
     }
 
@@ -463,9 +476,9 @@ class Trainer {
         haliax::detail::profile::region r([] { return std::string("trainer: log metrics"); }, 0.0);
         trk_.log(metrics, step);
       }
-      if ((step + 1) % print_every_ == 0 || step == 0 || step + 1 == t_.num_train_steps) {
+      if ((step + 1) % print_every_ == 0 || step == 0 || step + 1 == end_) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
-        const double eta = elapsed / double(step + 1 - start_) * double(t_.num_train_steps - step - 1);
+        const double eta = elapsed / double(step + 1 - start_) * double(end_ - step - 1);
         tr_.run_.say(progress_line(step + 1, t_.num_train_steps, out.loss, out.stats.learning_rate,
                                    metrics["throughput/tokens_per_second"].template get<double>(),
                                    metrics["throughput/mfu"].template get<double>(), eta));
@@ -476,7 +489,7 @@ class Trainer {
     /// (the policy is time-based) and broadcasts it; every rank takes part in gathering the whole model and a
     /// sharded or sliced optimizer's state while rank 0 builds its snapshot.
     void checkpoint(std::int64_t step) {
-      const bool last = step + 1 == t_.num_train_steps;
+      const bool last = step + 1 == end_;
       if (ranks_ == 1) {
         ckpt_->on_step(step + 1, [&] { return state_files(step + 1); }, last);
         return;
@@ -614,6 +627,7 @@ class Trainer {
     const batch_fn& batches_;
     std::function<void(const std::string&)> log_;
     const std::int64_t start_;
+    const std::int64_t end_;  // the step the run stops at: num_train_steps, or where the data ends
     const bool root_;
     const int ranks_, T_;
     std::int64_t whole_parameters_ = haliax::tree::parameter_count(state_.model);  // before the layout slices it
