@@ -585,6 +585,35 @@ TEST_CASE("blockwise_cross_entropy_loss never allocates a tokens x vocab buffer"
   CHECK(blocked_loss == doctest::Approx(plain_loss).epsilon(1e-5));
 }
 
+TEST_CASE("blockwise_cross_entropy_loss: a repeated step allocates nothing (scratch from the buffer cache)") {
+  // The logits block, the running log-sum-exp and the hidden-gradient accumulator are leased from haliax's buffer
+  // cache: once a step has run, the next one with the same shapes allocates nothing (on a GPU every allocation is
+  // a device-wide synchronisation).
+  auto h = random_array<float>(50, 4 * Batch, 16 * Pos, 16 * Embed);
+  auto w = random_array<float>(51, 300 * Vocab, 16 * Embed);
+  auto ids = hax::from_host<std::int32_t>(random_ids(64, 300, 52), 4 * Batch, 16 * Pos);
+  auto step = [&] {
+    auto [loss, g] = hax::value_and_grad([&](const head_params_f& p) {
+      return nn::blockwise_cross_entropy_loss(p.h, p.w, Embed, Vocab, ids, 128, nn::reduce_mean, 1e-4);
+    })(head_params_f{h, w});
+    return std::make_tuple(loss.item(), g.h.to_host(), g.w.to_host());
+  };
+  haliax::detail::tools::counter c;
+  hax::clear_buffer_cache();
+  c.start();
+  const auto first = step();
+  // the counter sees the first step's misses (the backward's logits block reuses the forward's)
+  CHECK(c.stop().allocation_labels["haliax::nn::blockwise_cross_entropy(logits)"] == 1);
+  c.start();
+  const auto second = step();
+  const auto n = c.stop();
+  CHECK(n.allocations == 0);
+  for (const auto& [label, count] : n.allocation_labels) CHECK_MESSAGE(count == 0, label);
+  CHECK(std::get<0>(first) == std::get<0>(second));  // and bitwise the same results
+  CHECK(std::get<1>(first) == std::get<1>(second));
+  CHECK(std::get<2>(first) == std::get<2>(second));
+}
+
 TEST_CASE("cross_entropy_loss: large float logits take the streamed backward and agree with double") {
   // 2035 rows of 1031 (above the 8 MiB streaming threshold, rows at every alignment), class ids and a
   // distribution.

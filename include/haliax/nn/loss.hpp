@@ -840,8 +840,12 @@ inline std::int64_t& blockwise_peak_logits() {
   return peak;
 }
 
+/// Scratch of `n` elements from haliax's buffer cache (a steady-state step allocates nothing), given back when the
+/// lease goes (without a fence: kernels that reuse the buffer run after those that used it, in order).
 template <class T>
-using flat_view = Kokkos::View<T*, memory_space>;
+void lease_scratch(haliax::detail::buffer_lease<T>& lease, std::int64_t n, const char* label) {
+  lease.view = haliax::detail::buffer_cache<T>::take(static_cast<std::size_t>(n > 0 ? n : 1), label);
+}
 
 /// The portable path's fold: one team member per token, its lanes splitting the block's row
 /// (haliax/detail/row_team.hpp). The block's max (NaN counting as +inf, which marks the token bad as the host
@@ -996,20 +1000,21 @@ auto blockwise_cross_entropy(const named_array<T, AxH>& hidden, const named_arra
   auto lse = named_array<V, Tok>::allocate(ids.sizes(), "haliax::nn::blockwise_cross_entropy(lse)");
   auto ce = named_array<V, Tok>::allocate(ids.sizes(), "haliax::nn::blockwise_cross_entropy(ce)");
   {
-    Kokkos::View<lse_acc<V>*, memory_space> acc(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::nn::blockwise_cross_entropy(acc)"), tokens);
-    flat_view<V> xt(Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::nn::blockwise_cross_entropy(xt)"), tokens);
-    lse_acc<V>* pa = acc.data();
-    V* pxt = xt.data();
+    haliax::detail::buffer_lease<lse_acc<V>> acc;
+    haliax::detail::buffer_lease<V> xt;
+    lease_scratch(acc, tokens, "haliax::nn::blockwise_cross_entropy(acc)");
+    lease_scratch(xt, tokens, "haliax::nn::blockwise_cross_entropy(xt)");
+    lse_acc<V>* pa = acc.view.data();
+    V* pxt = xt.view.data();
     blockwise_init<V>(pa, pxt, tokens);
     if (B > 0 && tokens > 0) {
-      flat_view<T> block(Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::nn::blockwise_cross_entropy(logits)"),
-                         tokens * B);
+      haliax::detail::buffer_lease<T> block;
+      lease_scratch(block, tokens * B, "haliax::nn::blockwise_cross_entropy(logits)");
       peak = tokens * B;
       for (std::int64_t v0 = 0; v0 < vocab; v0 += B) {
         const std::int64_t nb = vocab - v0 < B ? vocab - v0 : B;
-        haliax::detail::gemm_batched<T>(false, true, 1, tokens, nb, E, h.data(), w.data() + v0 * E, block.data());
-        blockwise_fold<T>(block.data(), tokens, nb, v0, ids.data(), pa, pxt);
+        haliax::detail::gemm_batched<T>(false, true, 1, tokens, nb, E, h.data(), w.data() + v0 * E, block.view.data());
+        blockwise_fold<T>(block.view.data(), tokens, nb, v0, ids.data(), pa, pxt);
       }
     }
     blockwise_finish<V>(pa, pxt, ids.data(), lse.data(), ce.data(), tokens, vocab);
@@ -1028,38 +1033,37 @@ auto blockwise_cross_entropy(const named_array<T, AxH>& hidden, const named_arra
       named_array<T, AxW> dweight;
       named_array<T, WL> dw;
       if (needs[1]) dw = named_array<T, WL>::allocate(w.sizes(), "haliax::nn::blockwise_cross_entropy_grad(weight)");
-      flat_view<V> dh_acc;
-      flat_view<T> tmp;
+      haliax::detail::buffer_lease<V> dh_acc;
+      haliax::detail::buffer_lease<T> tmp;
       if (needs[0]) {
-        dh_acc = flat_view<V>("haliax::nn::blockwise_cross_entropy_grad(hidden acc)", tokens * E);  // zeroed
-        tmp = flat_view<T>(
-            Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::nn::blockwise_cross_entropy_grad(hidden block)"),
-            tokens * E);
+        lease_scratch(dh_acc, tokens * E, "haliax::nn::blockwise_cross_entropy_grad(hidden acc)");
+        blockwise_zero<V>(dh_acc.view.data(), tokens * E);
+        lease_scratch(tmp, tokens * E, "haliax::nn::blockwise_cross_entropy_grad(hidden block)");
       }
       if (B > 0 && tokens > 0) {
-        flat_view<T> block(
-            Kokkos::view_alloc(Kokkos::WithoutInitializing, "haliax::nn::blockwise_cross_entropy_grad(logits)"),
-            tokens * B);
+        haliax::detail::buffer_lease<T> block;
+        lease_scratch(block, tokens * B, "haliax::nn::blockwise_cross_entropy_grad(logits)");
         auto& peak = blockwise_peak_logits();
         peak = peak > tokens * B ? peak : tokens * B;
         for (std::int64_t v0 = 0; v0 < vocab; v0 += B) {
           const std::int64_t nb = vocab - v0 < B ? vocab - v0 : B;
           const T* wb = w.data() + v0 * E;
-          haliax::detail::gemm_batched<T>(false, true, 1, tokens, nb, E, h.data(), wb, block.data());
-          blockwise_grad_block<T>(block.data(), tokens, nb, v0, ids.data(), lse.data(), ca.data(), c.data());
+          T* pb = block.view.data();
+          haliax::detail::gemm_batched<T>(false, true, 1, tokens, nb, E, h.data(), wb, pb);
+          blockwise_grad_block<T>(pb, tokens, nb, v0, ids.data(), lse.data(), ca.data(), c.data());
           if (needs[0]) {
-            haliax::detail::gemm_batched<T>(false, false, 1, tokens, E, nb, block.data(), wb, tmp.data());
-            add_into<T>(dh_acc.data(), tmp.data(), tokens * E);
+            haliax::detail::gemm_batched<T>(false, false, 1, tokens, E, nb, pb, wb, tmp.view.data());
+            add_into<T>(dh_acc.view.data(), tmp.view.data(), tokens * E);
           }
           if (needs[1])
-            haliax::detail::gemm_batched<T>(true, false, 1, nb, E, tokens, block.data(), h.data(), dw.data() + v0 * E);
+            haliax::detail::gemm_batched<T>(true, false, 1, nb, E, tokens, pb, h.data(), dw.data() + v0 * E);
         }
       } else if (needs[1]) {
         blockwise_zero<T>(dw.data(), vocab * E);
       }
       if (needs[0]) {
         auto dh = named_array<T, HL>::allocate(h.sizes(), "haliax::nn::blockwise_cross_entropy_grad(hidden)");
-        blockwise_store<T>(dh.data(), dh_acc.data(), tokens * E);
+        blockwise_store<T>(dh.data(), dh_acc.view.data(), tokens * E);
         dhidden = in_order<AxH>(dh);
       }
       if (needs[1]) dweight = in_order<AxW>(dw);
