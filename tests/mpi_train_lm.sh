@@ -15,7 +15,8 @@
 #  - mistakes in the mapping end every rank with the message and exit code 2; a typo in fsdp_axis is named;
 #  - SIGKILL of one rank ends the whole job within 30 s, leaves the committed checkpoints intact, and a restart
 #    resumes to bitwise the losses of an uninterrupted run;
-#  - four ranks opening one new token cache build it once (the others wait) and train.
+#  - four ranks opening one new token cache build it once (the others wait) and train;
+#  - epoch: 2 ends the run where the data ends, at the same step on 1 process and 2 ranks (ZeRO-1), bitwise.
 # Usage: mpi_train_lm.sh TRAIN_LM MPIEXEC WORK_DIR
 set -euo pipefail
 train_lm=$(realpath "$1")
@@ -214,3 +215,23 @@ runn 4 --trainer.id cache4 --data.cache_dir "$work/newcache" > cache4.out 2>&1 |
 grep -q '"is_finished": *true' newcache/train/shard_ledger.json || fail "the cache is not finished"
 bitwise default4 cache4
 echo "OK: 4 ranks built one cache and trained on it"
+
+# epoch: N ends the run where the data ends, at the same step on 1 and 2 ranks, bitwise (every rank computes the
+# data's length itself; a rank that stopped elsewhere would hang the job).
+for i in $(seq 1 200); do
+  printf '{"text": "document %d: the cat sat on the mat, and the dog ran after it again and again (%d)"}\n' "$i" $((i * 7))
+done > epoch.jsonl
+ep=(--data.train_urls '["epoch.jsonl"]' --data.validation_urls '[]' --data.cache_dir epochcache --data.tokenizer byte
+    --data.shuffle true --epoch 2 --trainer.num_train_steps 1000 --trainer.per_device_parallelism 8
+    --trainer.shard_parameters false)
+run1 --trainer.id ep1 "${ep[@]}" > ep1.out 2>&1 || { cat ep1.out; fail "epoch: 2 on one process failed"; }
+runn 2 --trainer.id ep2 "${ep[@]}" > ep2.out 2>&1 || { cat ep2.out; fail "epoch: 2 on 2 ranks (ZeRO-1) failed"; }
+end=$(grep -o "training stops after step [0-9]*" ep1.out | awk '{ print $5 }')
+[ -n "$end" ] && [ "$end" -gt 4 ] && [ "$end" -lt 1000 ] || { cat ep1.out; fail "epoch: 2 did not end the run early"; }
+grep -q "training stops after step $end of" ep2.out || { cat ep2.out; fail "2 ranks stopped elsewhere than step $end"; }
+losses ep1 > ep1.losses
+losses ep2 > ep2.losses
+[ "$(wc -l < ep1.losses)" -eq "$end" ] || fail "ep1: expected $end logged steps"
+cmp ep1.losses ep2.losses || fail "epoch: 2 on 2 ranks gave other losses than one process"
+same_state ep1 ep2 "$end"
+echo "OK: epoch: 2 ends at step $end on 1 and 2 ranks, bitwise"

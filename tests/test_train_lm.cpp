@@ -3,10 +3,12 @@
 // bitwise reproducibility (also across thread counts), and the user errors of the data path.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -665,6 +667,99 @@ TEST_CASE("train_lm: epoch N and a mixture's stop_strategy end the run where the
   std::string errors;
   for (const auto& e : v.errors) errors += e + "\n";
   CHECK(errors.find("epochs are not supported for mixture datasets") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("data: max_train_batches and simulated epoching cap a mixture's datasets, as upstream") {
+  auto dir = temp_dir("caps");
+  write_corpus(dir / "a.jsonl", 12, 40);  // words: every window holds letters
+  {
+    std::ofstream out(dir / "b.jsonl");  // digits only
+    unsigned s = 7;
+    for (int d = 0; d < 12; ++d) {
+      std::string text;
+      for (int w = 0; w < 25; ++w) {
+        s = s * 1103515245u + 12345u;
+        text += std::to_string((s >> 8) % 100000) + " ";
+      }
+      out << "{\"text\": \"" << text << "\"}\n";
+    }
+  }
+  auto cfg = tiny_config(dir);
+  cfg.data.train_urls.clear();
+  cfg.data.validation_urls.clear();
+  cfg.data.configs = opaque("{a: {train_urls: [\"" + (dir / "a.jsonl").string() + "\"]}, b: {train_urls: [\"" +
+                            (dir / "b.jsonl").string() + "\"]}}");
+  cfg.data.train_weights = opaque("{a: 0.5, b: 0.5}");
+  cfg.data.mixture_block_size = 8;
+  cfg.data.shuffle = true;
+  levanter::data::lm_data::options o;
+  o.seq_len = 32;
+  o.batch_size = 4;
+  o.data_key = haliax::random::make_key(3);
+  // The distinct windows each dataset contributes to the first 2000 examples (restart wraps, so all of them).
+  const auto distinct = [&](const levanter::TrainLmConfig& c) {
+    levanter::data::lm_data data(c.data, o);
+    const auto rows = data.examples(0, 2000);
+    std::set<std::vector<std::int32_t>> a, b;
+    for (std::size_t r = 0; r < 2000; ++r) {
+      std::vector<std::int32_t> row(rows.begin() + static_cast<std::ptrdiff_t>(r * 32),
+                                    rows.begin() + static_cast<std::ptrdiff_t>((r + 1) * 32));
+      const bool letters = std::any_of(row.begin(), row.end(), [](std::int32_t t) { return t >= 'a' && t <= 'z'; });
+      (letters ? a : b).insert(row);
+    }
+    return std::make_tuple(a.size(), b.size(), data.train_windows(0)->final_size(), data.train_windows(1)->final_size());
+  };
+  const auto [a_all, b_all, na, nb] = distinct(cfg);
+  REQUIRE(na > 20);
+  REQUIRE(nb > 20);
+  CHECK(a_all == static_cast<std::size_t>(na));
+  CHECK(b_all == static_cast<std::size_t>(nb));
+
+  // max_train_batches {a: 2}: 'a' gives only the first 2 x 4 examples of its shuffled order; 'b' all of its own.
+  auto capped = cfg;
+  capped.data.max_train_batches = opaque("{a: 2}");
+  const auto [a_cap, b_cap, na2, nb2] = distinct(capped);
+  CHECK(a_cap == 8);
+  CHECK(b_cap == static_cast<std::size_t>(nb));
+  // ... and with first_exhausted the mixture ends when those 8 are drawn (about 16 examples at equal weights).
+  capped.data.stop_strategy = "first_exhausted";
+  const auto len = levanter::data::lm_data(capped.data, o).train_length();
+  REQUIRE(len.has_value());
+  CHECK(*len >= 8);
+  CHECK(*len <= 24);
+
+  // Simulated epoching keeps int(length x experiment / target) of every dataset.
+  auto simulated = cfg;
+  simulated.data.target_budget = opaque("1000");
+  simulated.data.experiment_budget = opaque("500");
+  const auto [a_sim, b_sim, na3, nb3] = distinct(simulated);
+  CHECK(a_sim == static_cast<std::size_t>(na / 2));
+  CHECK(b_sim == static_cast<std::size_t>(nb / 2));
+
+  // Errors name the key.
+  auto too_many = cfg;
+  too_many.data.max_train_batches = opaque("{a: 1000}");
+  CHECK_THROWS_WITH_AS(levanter::data::lm_data(too_many.data, o), doctest::Contains("data.max_train_batches.a: 1000 batches"),
+                       levanter::data::data_error);
+  const auto errors_of = [](const levanter::TrainLmConfig& c) {
+    std::string all;
+    for (const auto& e : levanter::validate_train_lm(c, {}).errors) all += e + "\n";
+    return all;
+  };
+  auto unknown = cfg;
+  unknown.data.max_train_batches = opaque("{c: 1}");
+  CHECK(errors_of(unknown).find("data.max_train_batches.c (<test>): no dataset 'c' in data.configs") != std::string::npos);
+  auto backwards = cfg;
+  backwards.data.target_budget = opaque("100");
+  backwards.data.experiment_budget = opaque("500");
+  CHECK(errors_of(backwards).find("experiment budget should be smaller than target budget") != std::string::npos);
+  auto both = simulated;
+  both.data.max_train_batches = opaque("{a: 1}");
+  CHECK(errors_of(both).find("data.max_train_batches (<test>): cannot be combined with simulated epoching") != std::string::npos);
+  auto single = tiny_config(dir);
+  single.data.max_train_batches = opaque("{a: 1}");
+  CHECK(errors_of(single).find("data.max_train_batches (<test>): caps the datasets of a mixture") != std::string::npos);
   fs::remove_all(dir);
 }
 

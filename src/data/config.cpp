@@ -29,6 +29,65 @@ void check_text_format(config::validator& v, const std::string& key, const YAML:
     v.refuse(key, "format '" + type + "' is not supported yet (only plain text documents)",
              "use format: {type: text, text_key: text}, or leave " + key + " out", where);
 }
+// Simulated epoching (target_budget, experiment_budget) and max_train_batches: a mixture's caps, as upstream's
+// LMMixtureDatasetConfig (the two kinds exclude each other there).
+void check_caps(config::validator& v, const LmDataConfig& d) {
+  const bool caps = d.target_budget.set || d.experiment_budget.set || d.max_train_batches.set;
+  if (caps && !d.configs.set) {
+    for (const auto& [k, o] : {std::pair<const char*, const config::Opaque*>{"data.target_budget", &d.target_budget},
+                               {"data.experiment_budget", &d.experiment_budget},
+                               {"data.max_train_batches", &d.max_train_batches}})
+      if (o->set)
+        v.error(k, "caps the datasets of a mixture (data.configs); a single dataset is shortened with its files, or "
+                   "ended with epoch: N", o->where);
+    return;
+  }
+  std::optional<std::int64_t> budget[2];
+  const std::pair<const char*, const config::Opaque*> budgets[] = {{"data.target_budget", &d.target_budget},
+                                                                   {"data.experiment_budget", &d.experiment_budget}};
+  for (int i = 0; i < 2; ++i) {
+    if (!budgets[i].second->set) continue;
+    const YAML::Node n = config::detail::load_opaque(budgets[i].second->yaml);
+    if (n.IsNull()) continue;
+    try {
+      budget[i] = n.as<std::int64_t>();
+    } catch (const YAML::Exception&) {
+    }
+    if (!budget[i] || *budget[i] <= 0)
+      v.error(budgets[i].first, "must be a positive number of tokens (got '" + (n.IsScalar() ? n.Scalar() : "?") + "')",
+              budgets[i].second->where);
+  }
+  if (budget[0].has_value() != budget[1].has_value() && (budget[0] || budget[1]))
+    v.note(budget[0] ? "data.target_budget" : "data.experiment_budget",
+           "ignored: simulated epoching needs both target_budget and experiment_budget");
+  if (budget[0] && budget[1] && *budget[1] > *budget[0])
+    v.error("data.experiment_budget", "experiment budget should be smaller than target budget, got " +
+                                          std::to_string(*budget[1]) + " > " + std::to_string(*budget[0]),
+            d.experiment_budget.where);
+  if (d.max_train_batches.set) {
+    if (budget[0] && budget[1])
+      v.error("data.max_train_batches", "cannot be combined with simulated epoching (target_budget, experiment_budget)",
+              d.max_train_batches.where);
+    const YAML::Node m = config::detail::load_opaque(d.max_train_batches.yaml);
+    const YAML::Node c = config::detail::load_opaque(d.configs.yaml);
+    if (!m.IsMap() && !m.IsNull())
+      v.error("data.max_train_batches", "expected a map of dataset name -> batches, e.g. {web: 1000}",
+              d.max_train_batches.where);
+    else if (m.IsMap())
+      for (auto it = m.begin(); it != m.end(); ++it) {
+        const std::string name = it->first.Scalar(), key = "data.max_train_batches." + name;
+        if (!c.IsMap() || !c[name]) v.error(key, "no dataset '" + name + "' in data.configs", d.max_train_batches.where);
+        std::int64_t k = 0;
+        try {
+          k = it->second.as<std::int64_t>();
+        } catch (const YAML::Exception&) {
+        }
+        if (k <= 0 || k > bounds::max_examples)
+          v.error(key, "must be a positive number of batches (got '" + (it->second.IsScalar() ? it->second.Scalar() : "?") +
+                           "')", d.max_train_batches.where);
+      }
+  }
+}
 }  // namespace
 
 void validate(config::validator& v, const LmDataConfig& d) {
@@ -87,14 +146,11 @@ void validate(config::validator& v, const LmDataConfig& d) {
   }
   if (d.mixture_block_size && (*d.mixture_block_size <= 0 || *d.mixture_block_size >= 65536))
     v.error("data.mixture_block_size", "must be in [1, 65535] (got " + std::to_string(*d.mixture_block_size) + ")");
-  const std::pair<const char*, bool> unsupported[] = {{"target_budget", d.target_budget.set},
-                                                      {"experiment_budget", d.experiment_budget.set},
-                                                      {"max_train_batches", d.max_train_batches.has_value()},
-                                                      {"num_validation_sequences", d.num_validation_sequences.has_value()}};
-  for (const auto& [k, on] : unsupported)
-    if (on)
-      v.refuse(std::string("data.") + k, std::string("data.") + k + " (simulated epoching / caps) is not supported yet",
-               std::string("remove data.") + k);
+  check_caps(v, d);
+  if (d.num_validation_sequences.set)
+    v.refuse("data.num_validation_sequences", "validation sequences split off a training set are not supported yet",
+             "give the dataset validation_urls instead, or remove data.num_validation_sequences",
+             d.num_validation_sequences.where);
   if (d.bad_documents != "stop" && d.bad_documents != "skip")
     v.error("data.bad_documents", "unknown policy '" + d.bad_documents + "': use stop or skip");
   if (d.cache_options.target_size_bytes() <= 0)

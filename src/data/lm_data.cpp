@@ -126,6 +126,59 @@ std::vector<mixture_stage> weight_stages(const LmDataConfig& d, const std::vecto
   return out;
 }
 
+namespace {
+
+std::optional<std::int64_t> budget_of(const config::Opaque& o) {
+  if (!o.set) return std::nullopt;
+  const YAML::Node n = YAML::Load(o.yaml);
+  if (n.IsNull()) return std::nullopt;
+  return n.as<std::int64_t>();
+}
+
+// A mixture's caps (upstream LMMixtureDatasetConfig.train_sets, applied after each dataset's shuffle): simulated
+// epoching keeps the first int(length x experiment_budget / target_budget) examples of every dataset,
+// max_train_batches {name: k} the first k x (the first step's batch size) examples of that dataset. `lengths`
+// (0 for a dataset not in use) become what the mixture draws from.
+void apply_caps(const LmDataConfig& d, std::int64_t batch_size, const std::vector<dataset_spec>& specs,
+                std::vector<std::int64_t>& lengths, const std::function<void(const std::string&)>& log) {
+  const auto target = budget_of(d.target_budget), experiment = budget_of(d.experiment_budget);
+  if (target && experiment) {
+    const double ratio = double(*experiment) / double(*target);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (lengths[i] == 0) continue;
+      const auto cut = static_cast<std::int64_t>(double(lengths[i]) * ratio);
+      if (cut <= 0)
+        throw data_error("data.configs." + specs[i].name + ": simulated epoching (experiment_budget " +
+                         std::to_string(*experiment) + " / target_budget " + std::to_string(*target) + ") keeps none " +
+                         "of its " + std::to_string(lengths[i]) + " examples; raise data.experiment_budget");
+      log("mixture: simulated epoching keeps " + std::to_string(cut) + " of the " + std::to_string(lengths[i]) +
+          " examples of '" + specs[i].name + "'");
+      lengths[i] = cut;
+    }
+  }
+  if (!d.max_train_batches.set) return;
+  const YAML::Node m = YAML::Load(d.max_train_batches.yaml);
+  if (!m.IsMap()) return;  // null; validate() refuses other shapes
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    const std::string name = it->first.as<std::string>(), key = "data.max_train_batches." + name;
+    std::size_t i = 0;
+    while (i < specs.size() && specs[i].name != name) ++i;
+    if (i == specs.size()) throw config::config_error(key + ": no dataset '" + name + "' in data.configs");
+    const auto k = it->second.as<std::int64_t>();
+    if (k <= 0) throw config::config_error(key + ": must be a positive number of batches");
+    if (lengths[i] == 0) continue;  // no training weight: not drawn from
+    if (k > lengths[i] / batch_size)
+      throw data_error(key + ": " + std::to_string(k) + " batches of " + std::to_string(batch_size) +
+                       " examples are more than the dataset's " + std::to_string(lengths[i]) +
+                       " examples; lower it or remove it");
+    log("mixture: max_train_batches keeps " + std::to_string(k * batch_size) + " of the " +
+        std::to_string(lengths[i]) + " examples of '" + name + "'");
+    lengths[i] = k * batch_size;
+  }
+}
+
+}  // namespace
+
 lm_data::lm_data(const LmDataConfig& d, const options& o)
     : tok_(make_tokenizer(d)), seq_len_(o.seq_len), epochs_(o.epochs) {
   auto log = o.log ? o.log : [](const std::string&) {};
@@ -208,7 +261,9 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
       throw data_error("data.configs." + specs_[i].name + ": its data holds fewer tokens than one window of seq_len " +
                        std::to_string(o.seq_len));
   }
-  mixture_.emplace(names, stages, d.mixture_block_size.value_or(2048), make_mixture_keys(o.data_key, 0).mix, lengths,
+  std::vector<std::int64_t> drawn = lengths;  // each dataset's order stays a permutation of all its windows
+  apply_caps(d, o.batch_size, specs_, drawn, log);
+  mixture_.emplace(names, stages, d.mixture_block_size.value_or(2048), make_mixture_keys(o.data_key, 0).mix, drawn,
                    stop);
   for (const auto& w : mixture_->warnings()) log("mixture: " + w);
   if (stop != stop_strategy::restart)

@@ -76,8 +76,8 @@ struct LmDataConfig {
   std::optional<int64_t> mixture_block_size;
   config::Opaque target_budget;
   config::Opaque experiment_budget;
-  std::optional<int64_t> max_train_batches;
-  std::optional<int64_t> num_validation_sequences;
+  config::Opaque max_train_batches;         ///< {name: batches}
+  config::Opaque num_validation_sequences;  ///< {name: sequences}
   std::optional<int64_t> shuffle_buffer_size;
 };
 
