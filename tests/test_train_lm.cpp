@@ -670,7 +670,7 @@ TEST_CASE("train_lm: epoch N and a mixture's stop_strategy end the run where the
   fs::remove_all(dir);
 }
 
-TEST_CASE("data: max_train_batches and simulated epoching cap a mixture's datasets, as upstream") {
+TEST_CASE("data: max_train_batches, simulated epoching and num_validation_sequences shape a mixture, as upstream") {
   auto dir = temp_dir("caps");
   write_corpus(dir / "a.jsonl", 12, 40);  // words: every window holds letters
   {
@@ -737,6 +737,59 @@ TEST_CASE("data: max_train_batches and simulated epoching cap a mixture's datase
   CHECK(a_sim == static_cast<std::size_t>(na / 2));
   CHECK(b_sim == static_cast<std::size_t>(nb / 2));
 
+  // num_validation_sequences {a: 5}: the last 5 windows of a's fixed split order (a Feistel permutation keyed
+  // PRNGKey(0)) are its validation set, and training never sees them.
+  const auto rows_of = [](const levanter::data::cache_windows& w) {
+    std::set<std::vector<std::int32_t>> out;
+    for (std::int64_t i = 0; i < w.final_size(); ++i) {
+      std::vector<std::int32_t> row(32);
+      w.window(i, row.data());
+      out.insert(row);
+    }
+    return out;
+  };
+  for (const bool shuffled_split : {true, false}) {
+    CAPTURE(shuffled_split);
+    auto held = cfg;
+    held.data.num_validation_sequences = opaque("{a: 5}");
+    held.data.shuffle_before_trainval_split = shuffled_split;
+    levanter::data::lm_data data(held.data, o);
+    REQUIRE(data.validation_sets().size() == 1);
+    const auto& v = data.validation_sets().front();
+    CHECK(v.name == "a");
+    CHECK(v.tags == std::vector<std::string>{"a"});
+    REQUIRE(v.windows->final_size() == 5);
+    const auto held_rows = rows_of(*v.windows);
+    CHECK(held_rows.size() == 5);
+    if (!shuffled_split)  // in order: the dataset's last 5 windows
+      for (std::int64_t j = 0; j < 5; ++j) {
+        std::vector<std::int32_t> a(32), b(32);
+        v.windows->window(j, a.data());
+        data.train_windows(0)->window(na - 5 + j, b.data());
+        CHECK(a == b);
+      }
+    const auto rows = data.examples(0, 2000);
+    std::set<std::vector<std::int32_t>> trained;
+    for (std::size_t r = 0; r < 2000; ++r)
+      trained.insert(std::vector<std::int32_t>(rows.begin() + static_cast<std::ptrdiff_t>(r * 32),
+                                               rows.begin() + static_cast<std::ptrdiff_t>((r + 1) * 32)));
+    for (const auto& h : held_rows) CHECK_FALSE(trained.count(h));
+    CHECK(trained.size() == static_cast<std::size_t>(na - 5 + nb));  // every other window is trained on
+  }
+  {  // train_lm evaluates on the held-out windows under the dataset's tag
+    auto held_run = cfg;
+    held_run.data.num_validation_sequences = opaque("{a: 5}");
+    held_run.trainer.id = "held";
+    held_run.trainer.num_train_steps = 4;
+    const auto r = run(held_run);
+    REQUIRE(r.eval_loss.has_value());
+    CHECK(file_bytes(dir / "logs" / "held" / "metrics.jsonl").find("\"eval/a/loss\"") != std::string::npos);
+  }
+  auto no_room = cfg;
+  no_room.data.num_validation_sequences = opaque("{a: 10000}");
+  CHECK_THROWS_WITH_AS(levanter::data::lm_data(no_room.data, o), doctest::Contains("leave none of the dataset's"),
+                       levanter::data::data_error);
+
   // Errors name the key.
   auto too_many = cfg;
   too_many.data.max_train_batches = opaque("{a: 1000}");
@@ -757,6 +810,10 @@ TEST_CASE("data: max_train_batches and simulated epoching cap a mixture's datase
   auto both = simulated;
   both.data.max_train_batches = opaque("{a: 1}");
   CHECK(errors_of(both).find("data.max_train_batches (<test>): cannot be combined with simulated epoching") != std::string::npos);
+  auto unknown_split = cfg;
+  unknown_split.data.num_validation_sequences = opaque("{web: 3}");
+  CHECK(errors_of(unknown_split).find("data.num_validation_sequences.web (<test>): no dataset 'web'") !=
+        std::string::npos);
   auto single = tiny_config(dir);
   single.data.max_train_batches = opaque("{a: 1}");
   CHECK(errors_of(single).find("data.max_train_batches (<test>): caps the datasets of a mixture") != std::string::npos);

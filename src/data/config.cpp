@@ -32,11 +32,13 @@ void check_text_format(config::validator& v, const std::string& key, const YAML:
 // Simulated epoching (target_budget, experiment_budget) and max_train_batches: a mixture's caps, as upstream's
 // LMMixtureDatasetConfig (the two kinds exclude each other there).
 void check_caps(config::validator& v, const LmDataConfig& d) {
-  const bool caps = d.target_budget.set || d.experiment_budget.set || d.max_train_batches.set;
+  const bool caps = d.target_budget.set || d.experiment_budget.set || d.max_train_batches.set ||
+                    d.num_validation_sequences.set;
   if (caps && !d.configs.set) {
     for (const auto& [k, o] : {std::pair<const char*, const config::Opaque*>{"data.target_budget", &d.target_budget},
                                {"data.experiment_budget", &d.experiment_budget},
-                               {"data.max_train_batches", &d.max_train_batches}})
+                               {"data.max_train_batches", &d.max_train_batches},
+                               {"data.num_validation_sequences", &d.num_validation_sequences}})
       if (o->set)
         v.error(k, "caps the datasets of a mixture (data.configs); a single dataset is shortened with its files, or "
                    "ended with epoch: N", o->where);
@@ -64,28 +66,33 @@ void check_caps(config::validator& v, const LmDataConfig& d) {
     v.error("data.experiment_budget", "experiment budget should be smaller than target budget, got " +
                                           std::to_string(*budget[1]) + " > " + std::to_string(*budget[0]),
             d.experiment_budget.where);
-  if (d.max_train_batches.set) {
+  // {name: count} maps of datasets of data.configs.
+  const std::pair<const char*, const config::Opaque*> maps[] = {
+      {"max_train_batches", &d.max_train_batches}, {"num_validation_sequences", &d.num_validation_sequences}};
+  for (const auto& [k, o] : maps) {
+    if (!o->set) continue;
+    const std::string key = std::string("data.") + k;
     if (budget[0] && budget[1])
-      v.error("data.max_train_batches", "cannot be combined with simulated epoching (target_budget, experiment_budget)",
-              d.max_train_batches.where);
-    const YAML::Node m = config::detail::load_opaque(d.max_train_batches.yaml);
+      v.error(key, "cannot be combined with simulated epoching (target_budget, experiment_budget)", o->where);
+    const YAML::Node m = config::detail::load_opaque(o->yaml);
     const YAML::Node c = config::detail::load_opaque(d.configs.yaml);
-    if (!m.IsMap() && !m.IsNull())
-      v.error("data.max_train_batches", "expected a map of dataset name -> batches, e.g. {web: 1000}",
-              d.max_train_batches.where);
-    else if (m.IsMap())
-      for (auto it = m.begin(); it != m.end(); ++it) {
-        const std::string name = it->first.Scalar(), key = "data.max_train_batches." + name;
-        if (!c.IsMap() || !c[name]) v.error(key, "no dataset '" + name + "' in data.configs", d.max_train_batches.where);
-        std::int64_t k = 0;
-        try {
-          k = it->second.as<std::int64_t>();
-        } catch (const YAML::Exception&) {
-        }
-        if (k <= 0 || k > bounds::max_examples)
-          v.error(key, "must be a positive number of batches (got '" + (it->second.IsScalar() ? it->second.Scalar() : "?") +
-                           "')", d.max_train_batches.where);
+    if (!m.IsMap() && !m.IsNull()) {
+      v.error(key, "expected a map of dataset name -> count, e.g. {web: 1000}", o->where);
+      continue;
+    }
+    if (!m.IsMap()) continue;
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      const std::string name = it->first.Scalar(), at = key + "." + name;
+      if (!c.IsMap() || !c[name]) v.error(at, "no dataset '" + name + "' in data.configs", o->where);
+      std::int64_t n = 0;
+      try {
+        n = it->second.as<std::int64_t>();
+      } catch (const YAML::Exception&) {
       }
+      if (n <= 0 || n > bounds::max_examples)
+        v.error(at, "must be a positive count (got '" + (it->second.IsScalar() ? it->second.Scalar() : "?") + "')",
+                o->where);
+    }
   }
 }
 }  // namespace
@@ -147,10 +154,6 @@ void validate(config::validator& v, const LmDataConfig& d) {
   if (d.mixture_block_size && (*d.mixture_block_size <= 0 || *d.mixture_block_size >= 65536))
     v.error("data.mixture_block_size", "must be in [1, 65535] (got " + std::to_string(*d.mixture_block_size) + ")");
   check_caps(v, d);
-  if (d.num_validation_sequences.set)
-    v.refuse("data.num_validation_sequences", "validation sequences split off a training set are not supported yet",
-             "give the dataset validation_urls instead, or remove data.num_validation_sequences",
-             d.num_validation_sequences.where);
   if (d.bad_documents != "stop" && d.bad_documents != "skip")
     v.error("data.bad_documents", "unknown policy '" + d.bad_documents + "': use stop or skip");
   if (d.cache_options.target_size_bytes() <= 0)

@@ -1,6 +1,7 @@
 // data/lm_data.hpp: the `data:` section of train_lm put together.
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <levanter/config/yaml.hpp>
 #include <levanter/data/lm_data.hpp>
@@ -261,6 +262,48 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
       throw data_error("data.configs." + specs_[i].name + ": its data holds fewer tokens than one window of seq_len " +
                        std::to_string(o.seq_len));
   }
+  // num_validation_sequences {name: n} (as upstream's current LmDataConfig, whose split is disjoint): the dataset's
+  // training windows are put in a fixed order (shuffle_before_trainval_split: a Feistel permutation keyed
+  // PRNGKey(0), else as they are) and the last n become its validation set, tagged with its name and tags (in place
+  // of one from validation_urls); the rest is the dataset the mixture shuffles, caps and draws from.
+  split_.resize(specs_.size());
+  if (d.num_validation_sequences.set) {
+    const YAML::Node m = YAML::Load(d.num_validation_sequences.yaml);
+    for (auto it = m.begin(); m.IsMap() && it != m.end(); ++it) {
+      const std::string name = it->first.as<std::string>(), key = "data.num_validation_sequences." + name;
+      std::size_t i = 0;
+      while (i < specs_.size() && specs_[i].name != name) ++i;
+      if (i == specs_.size()) throw config::config_error(key + ": no dataset '" + name + "' in data.configs");
+      if (!train_[i]) throw config::config_error(key + ": the dataset has no train_urls to split validation sequences off");
+      const auto n = it->second.as<std::int64_t>();
+      log("mixture: waiting for the cache of '" + name + "' to be complete (validation sequences are split off it)");
+      const std::int64_t total = train_[i]->final_size();
+      if (n <= 0 || n >= total)
+        throw data_error(key + ": " + std::to_string(n) + " validation sequences leave none of the dataset's " +
+                         std::to_string(total) + " windows to train on; lower it");
+      auto order = d.shuffle_before_trainval_split
+                       ? make_example_order(shuffle_setting::full(), permutation_kind::feistel,
+                                            static_cast<std::uint64_t>(total), haliax::random::make_key(0))
+                       : example_order::identity(static_cast<std::uint64_t>(total));
+      std::vector<std::int64_t> held;
+      for (std::int64_t j = total - n; j < total; ++j)
+        held.push_back(static_cast<std::int64_t>(order(static_cast<std::uint64_t>(j))));
+      validation_set v{name, {name}, std::make_shared<cache_windows>(*train_[i], std::move(held))};
+      for (const auto& t : specs_[i].tags) v.tags.push_back(t);
+      auto same = std::find_if(valid_.begin(), valid_.end(), [&](const validation_set& s) { return s.name == name; });
+      if (same != valid_.end()) {
+        log("mixture: the validation set of '" + name + "' is the sequences split off its training data, not its "
+            "validation_urls");
+        *same = std::move(v);
+      } else {
+        valid_.push_back(std::move(v));
+      }
+      log("mixture: " + std::to_string(n) + " of the " + std::to_string(total) + " windows of '" + name +
+          "' are held out for validation");
+      if (lengths[i] > 0) lengths[i] = total - n;
+      split_[i] = std::move(order);
+    }
+  }
   std::vector<std::int64_t> drawn = lengths;  // each dataset's order stays a permutation of all its windows
   apply_caps(d, o.batch_size, specs_, drawn, log);
   mixture_.emplace(names, stages, d.mixture_block_size.value_or(2048), make_mixture_keys(o.data_key, 0).mix, drawn,
@@ -297,7 +340,9 @@ std::vector<std::int32_t> lm_data::examples(std::int64_t first, std::int64_t n) 
 void lm_data::example(std::int64_t i, std::int32_t* out) const {
   if (mixture_) {
     const auto [pos, k] = (*mixture_)(i);
-    train_[pos]->window(static_cast<std::int64_t>((*orders_[pos])(static_cast<std::uint64_t>(k))), out);
+    auto w = (*orders_[pos])(static_cast<std::uint64_t>(k));
+    if (split_[pos]) w = (*split_[pos])(w);  // the training part of a dataset validation sequences were split off
+    train_[pos]->window(static_cast<std::int64_t>(w), out);
     return;
   }
   const auto& w = *train_.front();

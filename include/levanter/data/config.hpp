@@ -78,6 +78,7 @@ struct LmDataConfig {
   config::Opaque experiment_budget;
   config::Opaque max_train_batches;         ///< {name: batches}
   config::Opaque num_validation_sequences;  ///< {name: sequences}
+  bool shuffle_before_trainval_split = true;
   std::optional<int64_t> shuffle_buffer_size;
 };
 
@@ -125,6 +126,8 @@ struct levanter::config::schema<levanter::LmDataConfig> {
       field("experiment_budget", &T::experiment_budget, "mixture simulated epoching"),
       field("max_train_batches", &T::max_train_batches, "mixture cap on training batches"),
       field("num_validation_sequences", &T::num_validation_sequences, "mixture validation sequences"),
+      field("shuffle_before_trainval_split", &T::shuffle_before_trainval_split,
+            "validation sequences: a fixed shuffle before the split"),
       field("shuffle_buffer_size", &T::shuffle_buffer_size, "shuffle buffer size"));
 };
 

@@ -45,21 +45,35 @@ std::vector<dataset_spec> dataset_specs(const LmDataConfig& d);
 /// `data.train_weights`: `{name: w}` (one stage from step 0) or `[[step, {name: w}], ...]`; starts in steps.
 std::vector<mixture_stage> weight_stages(const LmDataConfig& d, const std::vector<dataset_spec>& specs);
 
-/// Examples of one dataset: windows of seq_len tokens over its cache.
+/// Examples of one dataset: windows of seq_len tokens over its cache, or chosen windows of another's (a
+/// validation set split off a training set).
 class cache_windows {
  public:
   cache_windows(std::shared_ptr<token_cache> c, std::int64_t seq_len) : cache_(std::move(c)), seq_len_(seq_len) {}
+  /// Windows index[0], index[1], ... of `base` (every one must exist in base's finished cache).
+  cache_windows(const cache_windows& base, std::vector<std::int64_t> index)
+      : cache_(base.cache_), seq_len_(base.seq_len_),
+        index_(std::make_shared<const std::vector<std::int64_t>>(std::move(index))) {}
   std::int64_t seq_len() const { return seq_len_; }
   const token_cache& cache() const { return *cache_; }
   /// Windows in the finished cache (waits for the build to finish).
-  std::int64_t final_size() const { return cache_->total_tokens() / seq_len_; }
+  std::int64_t final_size() const {
+    return index_ ? static_cast<std::int64_t>(index_->size()) : cache_->total_tokens() / seq_len_;
+  }
   /// Whether window `w` exists, waiting until it is built or the build ends without it.
-  bool has(std::int64_t w) const { return cache_->wait_for_tokens((w + 1) * seq_len_) >= (w + 1) * seq_len_; }
-  void window(std::int64_t w, std::int32_t* out) const { cache_->read_tokens(w * seq_len_, seq_len_, out); }
+  bool has(std::int64_t w) const {
+    if (index_) return w >= 0 && w < final_size();
+    return cache_->wait_for_tokens((w + 1) * seq_len_) >= (w + 1) * seq_len_;
+  }
+  void window(std::int64_t w, std::int32_t* out) const {
+    const std::int64_t at = index_ ? (*index_)[static_cast<std::size_t>(w)] : w;
+    cache_->read_tokens(at * seq_len_, seq_len_, out);
+  }
 
  private:
   std::shared_ptr<token_cache> cache_;
   std::int64_t seq_len_;
+  std::shared_ptr<const std::vector<std::int64_t>> index_;  // set: the windows of cache_ this view holds
 };
 
 /// A validation set: the windows of one dataset's validation split and the tags its losses are logged under.
@@ -120,6 +134,7 @@ class lm_data {
   std::int64_t epochs_ = 0;
   std::optional<mixture_index> mixture_;
   std::vector<std::optional<example_order>> orders_;
+  std::vector<std::optional<example_order>> split_;  // num_validation_sequences: the order the split cut, per spec
 };
 
 }  // namespace levanter::data
