@@ -523,6 +523,19 @@ levanter::config::Opaque opaque(const std::string& yaml) {
   o.where = "<test>";
   return o;
 }
+
+/// tiny_config's run on a mixture of two datasets (train files only) at equal weights, blocks of 8.
+levanter::TrainLmConfig two_dataset_mixture(const fs::path& dir, const std::string& a, const fs::path& a_train,
+                                            const std::string& b, const fs::path& b_train) {
+  auto cfg = tiny_config(dir);
+  cfg.data.train_urls.clear();
+  cfg.data.validation_urls.clear();
+  cfg.data.configs = opaque("{" + a + ": {train_urls: [\"" + a_train.string() + "\"]}, " + b + ": {train_urls: [\"" +
+                            b_train.string() + "\"]}}");
+  cfg.data.train_weights = opaque("{" + a + ": 0.5, " + b + ": 0.5}");
+  cfg.data.mixture_block_size = 8;
+  return cfg;
+}
 }  // namespace
 
 TEST_CASE("train_lm: a mixture of two datasets with staged weights, per-tag eval losses and bits per byte, resumed") {
@@ -631,13 +644,7 @@ TEST_CASE("train_lm: epoch N and a mixture's stop_strategy end the run where the
 
   // A mixture with first_exhausted / all_exhausted ends where upstream's MixtureDataset's length says.
   write_corpus(dir / "b_train.jsonl", 40, 32);
-  auto mix = tiny_config(dir);
-  mix.data.train_urls.clear();
-  mix.data.validation_urls.clear();
-  mix.data.configs = opaque("{small: {train_urls: [\"" + (dir / "train.jsonl").string() + "\"]}, big: {train_urls: [\"" +
-                            (dir / "b_train.jsonl").string() + "\"]}}");
-  mix.data.train_weights = opaque("{small: 0.5, big: 0.5}");
-  mix.data.mixture_block_size = 8;
+  auto mix = two_dataset_mixture(dir, "small", dir / "train.jsonl", "big", dir / "b_train.jsonl");
   mix.trainer.num_train_steps = 1000;
   mix.trainer.steps_per_eval = 1000;
   std::int64_t first_len = 0;
@@ -685,13 +692,7 @@ TEST_CASE("data: max_train_batches, simulated epoching and num_validation_sequen
       out << "{\"text\": \"" << text << "\"}\n";
     }
   }
-  auto cfg = tiny_config(dir);
-  cfg.data.train_urls.clear();
-  cfg.data.validation_urls.clear();
-  cfg.data.configs = opaque("{a: {train_urls: [\"" + (dir / "a.jsonl").string() + "\"]}, b: {train_urls: [\"" +
-                            (dir / "b.jsonl").string() + "\"]}}");
-  cfg.data.train_weights = opaque("{a: 0.5, b: 0.5}");
-  cfg.data.mixture_block_size = 8;
+  auto cfg = two_dataset_mixture(dir, "a", dir / "a.jsonl", "b", dir / "b.jsonl");
   cfg.data.shuffle = true;
   levanter::data::lm_data::options o;
   o.seq_len = 32;
