@@ -29,8 +29,8 @@ void check_text_format(config::validator& v, const std::string& key, const YAML:
     v.refuse(key, "format '" + type + "' is not supported yet (only plain text documents)",
              "use format: {type: text, text_key: text}, or leave " + key + " out", where);
 }
-// Simulated epoching (target_budget, experiment_budget) and max_train_batches: a mixture's caps, as upstream's
-// LMMixtureDatasetConfig (the two kinds exclude each other there).
+// Simulated epoching (target_budget, experiment_budget), max_train_batches and num_validation_sequences: a
+// mixture's caps, as upstream's LMMixtureDatasetConfig (budgets exclude the two maps there).
 void check_caps(config::validator& v, const LmDataConfig& d) {
   const bool caps = d.target_budget.set || d.experiment_budget.set || d.max_train_batches.set ||
                     d.num_validation_sequences.set;
@@ -67,6 +67,7 @@ void check_caps(config::validator& v, const LmDataConfig& d) {
                                           std::to_string(*budget[1]) + " > " + std::to_string(*budget[0]),
             d.experiment_budget.where);
   // {name: count} maps of datasets of data.configs.
+  const YAML::Node c = config::detail::load_opaque(d.configs.yaml);
   const std::pair<const char*, const config::Opaque*> maps[] = {
       {"max_train_batches", &d.max_train_batches}, {"num_validation_sequences", &d.num_validation_sequences}};
   for (const auto& [k, o] : maps) {
@@ -75,7 +76,6 @@ void check_caps(config::validator& v, const LmDataConfig& d) {
     if (budget[0] && budget[1])
       v.error(key, "cannot be combined with simulated epoching (target_budget, experiment_budget)", o->where);
     const YAML::Node m = config::detail::load_opaque(o->yaml);
-    const YAML::Node c = config::detail::load_opaque(d.configs.yaml);
     if (!m.IsMap() && !m.IsNull()) {
       v.error(key, "expected a map of dataset name -> count, e.g. {web: 1000}", o->where);
       continue;

@@ -129,6 +129,24 @@ std::vector<mixture_stage> weight_stages(const LmDataConfig& d, const std::vecto
 
 namespace {
 
+// The windows of a single dataset's finished training cache; none is a data_error saying what to do.
+std::int64_t windows_of(const cache_windows& w, std::int64_t seq_len) {
+  const std::int64_t n = w.final_size();
+  if (n == 0)
+    throw data_error("the training data holds " + std::to_string(w.cache().total_tokens()) +
+                     " tokens, fewer than one window of seq_len " + std::to_string(seq_len) +
+                     " (add data or lower model.seq_len)");
+  return n;
+}
+
+// The position of dataset `name` in `specs`; a config_error under `key` when data.configs has none.
+std::size_t spec_position(const std::vector<dataset_spec>& specs, const std::string& name, const std::string& key) {
+  std::size_t i = 0;
+  while (i < specs.size() && specs[i].name != name) ++i;
+  if (i == specs.size()) throw config::config_error(key + ": no dataset '" + name + "' in data.configs");
+  return i;
+}
+
 std::optional<std::int64_t> budget_of(const config::Opaque& o) {
   if (!o.set) return std::nullopt;
   const YAML::Node n = YAML::Load(o.yaml);
@@ -162,9 +180,7 @@ void apply_caps(const LmDataConfig& d, std::int64_t batch_size, const std::vecto
   if (!m.IsMap()) return;  // null; validate() refuses other shapes
   for (auto it = m.begin(); it != m.end(); ++it) {
     const std::string name = it->first.as<std::string>(), key = "data.max_train_batches." + name;
-    std::size_t i = 0;
-    while (i < specs.size() && specs[i].name != name) ++i;
-    if (i == specs.size()) throw config::config_error(key + ": no dataset '" + name + "' in data.configs");
+    const std::size_t i = spec_position(specs, name, key);
     const auto k = it->second.as<std::int64_t>();
     if (k <= 0) throw config::config_error(key + ": must be a positive number of batches");
     if (lengths[i] == 0) continue;  // no training weight: not drawn from
@@ -271,9 +287,7 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
     const YAML::Node m = YAML::Load(d.num_validation_sequences.yaml);
     for (auto it = m.begin(); m.IsMap() && it != m.end(); ++it) {
       const std::string name = it->first.as<std::string>(), key = "data.num_validation_sequences." + name;
-      std::size_t i = 0;
-      while (i < specs_.size() && specs_[i].name != name) ++i;
-      if (i == specs_.size()) throw config::config_error(key + ": no dataset '" + name + "' in data.configs");
+      const std::size_t i = spec_position(specs_, name, key);
       if (!train_[i]) throw config::config_error(key + ": the dataset has no train_urls to split validation sequences off");
       const auto n = it->second.as<std::int64_t>();
       log("mixture: waiting for the cache of '" + name + "' to be complete (validation sequences are split off it)");
@@ -323,12 +337,7 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
 std::optional<std::int64_t> lm_data::train_length() const {
   if (mixture_) return mixture_->length();
   if (epochs_ <= 0) return std::nullopt;
-  const std::int64_t n = single_size();
-  if (n == 0)
-    throw data_error("the training data holds " + std::to_string(train_.front()->cache().total_tokens()) +
-                     " tokens, fewer than one window of seq_len " + std::to_string(seq_len_) +
-                     " (add data or lower model.seq_len)");
-  return epochs_ * n;
+  return epochs_ * windows_of(*train_.front(), seq_len_);
 }
 
 std::vector<std::int32_t> lm_data::examples(std::int64_t first, std::int64_t n) const {
@@ -353,11 +362,7 @@ void lm_data::example(std::int64_t i, std::int32_t* out) const {
   // Shuffled, or past the end (the run wraps around to the start: another epoch in the same order, as upstream's
   // EpochDataset over the shuffled windows).
   std::call_once(single_once_, [&] {
-    single_n_ = w.final_size();
-    if (single_n_ == 0)
-      throw data_error("the training data holds " + std::to_string(w.cache().total_tokens()) +
-                       " tokens, fewer than one window of seq_len " + std::to_string(seq_len_) +
-                       " (add data or lower model.seq_len)");
+    single_n_ = windows_of(w, seq_len_);
     single_order_.emplace(make_example_order(shuffle_, kind_, static_cast<std::uint64_t>(single_n_), single_key_));
   });
   const auto j = static_cast<std::uint64_t>(i % single_n_);
