@@ -16,7 +16,8 @@
 #  - SIGKILL of one rank ends the whole job within 30 s, leaves the committed checkpoints intact, and a restart
 #    resumes to bitwise the losses of an uninterrupted run;
 #  - four ranks opening one new token cache build it once (the others wait) and train;
-#  - epoch: 2 ends the run where the data ends, at the same step on 1 process and 2 ranks (ZeRO-1), bitwise.
+#  - epoch: 2 ends the run where the data ends, at the same step on 1 process and 2 ranks (ZeRO-1), bitwise;
+#  - supervised data (packed records, loss on the responses) trains bitwise alike on 1 process and 2 ranks.
 # Usage: mpi_train_lm.sh TRAIN_LM MPIEXEC WORK_DIR
 set -euo pipefail
 train_lm=$(realpath "$1")
@@ -45,6 +46,13 @@ same_state() {  # same_state RUN_A RUN_B STEP: byte-identical model and optimize
     cmp -s "ckpt/$1/step-$3/$f" "ckpt/$2/step-$3/$f" || h5diff -q "ckpt/$1/step-$3/$f" "ckpt/$2/step-$3/$f" ||
       fail "$2: step-$3/$f differs from $1's"
   done
+}
+same_run() {  # same_run RUN_A RUN_B STEPS: STEPS logged steps, the same losses, the same state after the last
+  losses "$1" > "$1.losses"
+  losses "$2" > "$2.losses"
+  [ "$(wc -l < "$1.losses")" -eq "$3" ] || fail "$1: expected $3 logged steps"
+  cmp "$1.losses" "$2.losses" || fail "$2 gave other losses than $1"
+  same_state "$1" "$2" "$3"
 }
 bitwise() {  # bitwise RUN_A RUN_B
   losses "$1" > "$1.losses"
@@ -202,11 +210,7 @@ elapsed=$(($(date +%s) - t0))
 echo "killed rank $victim; mpirun ended in ${elapsed}s with exit $code; checkpoints: $(ls ckpt/killed | tr '\n' ' ')"
 runn 2 "${long[@]}" --trainer.id killed > killed2.out 2>&1 || { cat killed2.out; fail "the restarted job failed"; }
 grep -q "resumed from" killed2.out || { cat killed2.out; fail "the restart did not resume"; }
-losses whole2 > whole2.losses
-losses killed > killed.losses
-[ "$(wc -l < whole2.losses)" -eq 60 ] || fail "expected 60 logged steps"
-cmp whole2.losses killed.losses || fail "after SIGKILL of a rank and a restart the losses differ"
-same_state whole2 killed 60
+same_run whole2 killed 60  # after SIGKILL of a rank and a restart
 echo "OK: SIGKILL of a rank ends the job in ${elapsed}s; the restart resumes to bitwise the uninterrupted run"
 
 # Four ranks, one new token cache: built once, the others wait for it.
@@ -229,9 +233,18 @@ runn 2 --trainer.id ep2 "${ep[@]}" > ep2.out 2>&1 || { cat ep2.out; fail "epoch:
 end=$(grep -o "training stops after step [0-9]*" ep1.out | awk '{ print $5 }')
 [ -n "$end" ] && [ "$end" -gt 4 ] && [ "$end" -lt 1000 ] || { cat ep1.out; fail "epoch: 2 did not end the run early"; }
 grep -q "training stops after step $end of" ep2.out || { cat ep2.out; fail "2 ranks stopped elsewhere than step $end"; }
-losses ep1 > ep1.losses
-losses ep2 > ep2.losses
-[ "$(wc -l < ep1.losses)" -eq "$end" ] || fail "ep1: expected $end logged steps"
-cmp ep1.losses ep2.losses || fail "epoch: 2 on 2 ranks gave other losses than one process"
-same_state ep1 ep2 "$end"
+same_run ep1 ep2 "$end"
 echo "OK: epoch: 2 ends at step $end on 1 and 2 ranks, bitwise"
+
+# Supervised data (packed {prompt, response} records, trained on the responses) on 2 ranks (ZeRO-1): every rank
+# packs the same examples, so the losses and state are bitwise those of one process.
+for i in $(seq 1 160); do
+  printf '{"prompt": "Q%d: what follows %d?", "response": " %d, then %d."}\n' "$i" "$i" $((i + 1)) $((i + 2))
+done > sft.jsonl
+sft=(--data.train_urls '["sft.jsonl"]' --data.validation_urls '[]' --data.cache_dir sftcache --data.tokenizer byte
+     --data.format '{type: supervised}' --trainer.per_device_parallelism 8 --trainer.shard_parameters false)
+run1 --trainer.id sft1 "${sft[@]}" > sft1.out 2>&1 || { cat sft1.out; fail "supervised data on one process failed"; }
+runn 2 --trainer.id sft2 "${sft[@]}" > sft2.out 2>&1 || { cat sft2.out; fail "supervised data on 2 ranks failed"; }
+grep -q "160 records packed into" sft1.out || { cat sft1.out; fail "the supervised records were not packed"; }
+same_run sft1 sft2 8
+echo "OK: supervised data trains bitwise alike on 1 process and 2 ranks (ZeRO-1)"

@@ -899,3 +899,107 @@ TEST_CASE("train_lm: the upstream oracle's YAML gives upstream Levanter's per-st
   }
   fs::remove_all(dir);
 }
+
+namespace {
+
+/// Supervised records: an upper-case prompt and a lower-case response, so a byte token tells which part it is in.
+/// Every fourth record has an empty response (its row is all prompt: never trained on); `variant` changes the
+/// letters of those prompts only (same lengths).
+void write_supervised(const fs::path& p, int n, int seed, bool variant) {
+  std::ofstream out(p);
+  for (int i = 0; i < n; ++i) {
+    std::string prompt, response;
+    const int lp = 5 + (i * 7 + seed) % 9, lr = i % 4 == 3 ? 0 : 3 + (i * 5 + seed) % 7;
+    for (int j = 0; j < lp; ++j)
+      prompt += static_cast<char>('A' + (i * 3 + j * 5 + seed + (variant && i % 4 == 3 ? 11 : 0)) % 26);
+    for (int j = 0; j < lr; ++j) response += static_cast<char>('a' + (i * 7 + j * 3 + seed) % 26);
+    out << "{\"prompt\": \"" << prompt << "\", \"response\": \"" << response << "\"}\n";
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train_lm: supervised data is packed and trains on the responses only") {
+  auto dir = temp_dir("supervised");
+  write_supervised(dir / "train.jsonl", 80, 1, false);
+  write_supervised(dir / "valid.jsonl", 12, 2, false);
+  auto cfg = tiny_config(dir);
+  cfg.data.format = opaque("{type: supervised, separate_with: \" \"}");
+  cfg.trainer.num_train_steps = 6;
+
+  // The batches: rows packed whole (segment ids are row indices, -1 for padding), the trained positions exactly
+  // those whose next token is a response letter of the same row.
+  levanter::data::lm_data::options o;
+  o.seq_len = 32;
+  o.batch_size = 4;
+  o.data_key = haliax::random::make_key(0);
+  {
+    levanter::data::lm_data data(cfg.data, o);
+    REQUIRE(data.train_windows(0)->packed());
+    const auto n = data.single_size();
+    CHECK(n > 10);
+    CHECK(n < 80);  // several records per example
+    const auto b = data.batch(0, n, 256, -100);
+    std::int64_t trained = 0;
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t p = 0; p + 1 < 32; ++p) {
+        const auto i = static_cast<std::size_t>(r * 32 + p);
+        const bool next_is_response = b.segments[i + 1] == b.segments[i] && b.segments[i] >= 0 &&
+                                      b.tokens[i + 1] >= 'a' && b.tokens[i + 1] <= 'z';
+        CHECK(static_cast<bool>(b.keep[i]) == next_is_response);
+        trained += b.keep[i];
+      }
+    CHECK(trained > 100);
+  }
+
+  // Training: the loss falls; the log names the packing.
+  cfg.trainer.id = "sft";
+  auto res = run(cfg);
+  CHECK(res.steps == 6);
+  const auto losses = logged_losses(dir / "logs" / "sft" / "metrics.jsonl");
+  REQUIRE(losses.size() == 6);
+  CHECK(losses.back() < losses.front());
+  CHECK(file_bytes(dir / "logs" / "sft" / "train_lm.log").find("records packed into") != std::string::npos);
+
+  // Records never trained on (empty responses) can change without changing any loss, bitwise: masked tokens
+  // contribute nothing, and packed rows do not attend to each other.
+  auto other = dir / "other";
+  fs::create_directories(other);
+  write_supervised(other / "train.jsonl", 80, 1, true);
+  write_supervised(other / "valid.jsonl", 12, 2, true);
+  REQUIRE(file_bytes(other / "train.jsonl") != file_bytes(dir / "train.jsonl"));
+  auto changed = tiny_config(other);
+  changed.data.format = cfg.data.format;
+  changed.trainer.num_train_steps = 6;
+  changed.trainer.id = "sft-masked-change";
+  run(changed);
+  CHECK(loss_log(other / "logs" / "sft-masked-change" / "metrics.jsonl") ==
+        loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
+
+  // A change to one response letter does change them.
+  {
+    std::string text = file_bytes(dir / "train.jsonl");
+    const auto at = text.find("\"response\": \"") + 13;
+    text[at] = text[at] == 'q' ? 'r' : 'q';
+    std::ofstream(other / "train.jsonl") << text;
+  }
+  fs::remove_all(other / "cache");
+  changed.trainer.id = "sft-response-change";
+  run(changed);
+  CHECK(loss_log(other / "logs" / "sft-response-change" / "metrics.jsonl") !=
+        loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
+
+  // Resuming a supervised run is bitwise the same as running it whole.
+  cfg.trainer.id = "sft-split";
+  cfg.trainer.checkpointer.keep = {levanter::KeepPolicy{2, std::nullopt}};
+  CHECK_THROWS_AS(run(cfg, {stop_after(3)}), stop_here);
+  auto resumed = run(cfg);
+  CHECK(resumed.start_step == 2);
+  CHECK(loss_log(dir / "logs" / "sft-split" / "metrics.jsonl") == loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
+
+  // The text cache of the same files is not mistaken for the supervised one.
+  cfg.data.format = {};
+  cfg.trainer.id = "as-text";
+  CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("format: cached"), levanter::data::data_error);
+  fs::remove_all(dir);
+}

@@ -206,7 +206,8 @@ struct token_cache::state {
   bool finished() const { return finished_.load(std::memory_order_acquire); }
 
   void open(nlohmann::json metadata) {
-    metadata["text_key"] = src_.text_key;
+    has_sources_ = !src_.fields.empty();
+    if (!has_sources_) metadata["text_key"] = src_.text_key;  // supervised metadata names its fields itself
     names_ = shard_names(files_);
     std::filesystem::create_directories(dir_ + "/input_ids");
     const std::string ledger_path = dir_ + "/shard_ledger.json";
@@ -344,7 +345,7 @@ struct token_cache::state {
   }
 
   void close_files() {
-    for (int* fd : {&data_fd_, &offsets_fd_, &lock_fd_})
+    for (int* fd : {&data_fd_, &offsets_fd_, &lock_fd_, &sources_fd_})
       if (*fd >= 0) ::close(*fd), *fd = -1;
   }
 
@@ -371,7 +372,11 @@ struct token_cache::state {
     }
     data_fd_ = ::open(data_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
     offsets_fd_ = ::open(offsets_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
-    if (data_fd_ < 0 || offsets_fd_ < 0)
+    if (has_sources_) {
+      std::filesystem::create_directories(dir_ + "/sources_len");
+      sources_fd_ = ::open(sources_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
+    }
+    if (data_fd_ < 0 || offsets_fd_ < 0 || (has_sources_ && sources_fd_ < 0))
       throw data_error("cache '" + dir_ + "': cannot open its token files (" + std::strerror(errno) +
                        "); delete the directory to rebuild");
 
@@ -395,7 +400,8 @@ struct token_cache::state {
     if (rows < 0 || toks < 0 || rows > (INT64_MAX >> 4) || toks > (INT64_MAX >> 4))
       throw data_error("cache ledger of '" + dir_ + "' is damaged: it counts " + std::to_string(rows) + " rows and " +
                        std::to_string(toks) + " tokens; delete '" + dir_ + "' to rebuild the cache");
-    if (detail::file_size(offsets_fd_) < rows * 8 || detail::file_size(data_fd_) < toks * 4)
+    if (detail::file_size(offsets_fd_) < rows * 8 || detail::file_size(data_fd_) < toks * 4 ||
+        (has_sources_ && detail::file_size(sources_fd_) < rows * 4))
       throw data_error("cache '" + dir_ +
                        "' is damaged: its files are shorter than its ledger says; delete it to rebuild");
     if (rows > 0) {
@@ -419,7 +425,8 @@ struct token_cache::state {
       return;
     }
     // Bytes past the last commit come from a build that was killed: drop them.
-    if (::ftruncate(data_fd_, toks * 4) != 0 || ::ftruncate(offsets_fd_, rows * 8) != 0)
+    if (::ftruncate(data_fd_, toks * 4) != 0 || ::ftruncate(offsets_fd_, rows * 8) != 0 ||
+        (has_sources_ && ::ftruncate(sources_fd_, rows * 4) != 0))
       throw data_error("cache '" + dir_ + "': cannot truncate its uncommitted tail: " + std::strerror(errno));
     if (!have_ledger) detail::commit_json(ledger_path, ledger_, opts_.fsync);
     // What the reader thread needs from the ledger, copied now: the committer owns the ledger from here on.
@@ -438,6 +445,7 @@ struct token_cache::state {
     std::vector<record> records;
     std::vector<std::int32_t> tokens;
     std::vector<std::int64_t> ends;  // row ends relative to the chunk
+    std::vector<std::int32_t> sources;  // supervised rows: each row's sources_len
     std::int64_t text_bytes = 0, skipped = 0, input_bytes = 0;
     std::exception_ptr error;
     bool done = false;
@@ -445,6 +453,7 @@ struct token_cache::state {
 
   std::string data_path() const { return dir_ + "/input_ids/data.bin"; }
   std::string offsets_path() const { return dir_ + "/input_ids/offsets.bin"; }
+  std::string sources_path() const { return dir_ + "/sources_len/data.bin"; }
 
   void check_metadata(const nlohmann::json& cached, const nlohmann::json& now) const {
     std::string diffs;
@@ -584,7 +593,7 @@ struct token_cache::state {
         const std::string& path = files_[c->shard];
         const file_format fmt = format_of(path);
         for (const auto& r : c->records) {
-          auto err = decode_record(path, fmt, r, src_.text_key, text);
+          auto err = decode_document(path, fmt, r, src_, text);
           if (!err.empty()) {
             if (src_.on_bad_document == bad_document_policy::stop)
               throw data_error(err + " (set data.bad_documents: skip to leave such lines out and count them)");
@@ -592,7 +601,14 @@ struct token_cache::state {
             continue;
           }
           auto ids = encode_(text);
-          c->tokens.insert(c->tokens.end(), ids.begin(), ids.end());
+          auto from = ids.begin();
+          if (has_sources_) {  // [sources_len, ids...]: the first value is stored apart from the tokens
+            if (ids.empty() || ids.front() < 0)
+              throw data_error("cache '" + dir_ + "': the supervised encode function returned no sources_len");
+            c->sources.push_back(ids.front());
+            ++from;
+          }
+          c->tokens.insert(c->tokens.end(), from, ids.end());
           c->ends.push_back(static_cast<std::int64_t>(c->tokens.size()));
           c->text_bytes += static_cast<std::int64_t>(text.size());
         }
@@ -640,6 +656,10 @@ struct token_cache::state {
         for (auto& e : c->ends) e += toks;
         detail::write_all(offsets_fd_, c->ends.data(), c->ends.size() * 8, rows * 8, offsets_path());
         if (opts_.fsync) ::fdatasync(offsets_fd_);
+        if (has_sources_) {
+          detail::write_all(sources_fd_, c->sources.data(), c->sources.size() * 4, rows * 4, sources_path());
+          if (opts_.fsync) ::fdatasync(sources_fd_);
+        }
       }
       const std::string& name = names_[c->shard];
       ledger_["total_num_rows"] = rows + n;
@@ -689,6 +709,8 @@ struct token_cache::state {
   nlohmann::json ledger_;  // owned by the committer thread once the build runs
   std::int64_t vocab_ = 0;  // the tokenizer's vocabulary size from the metadata; 0 when unknown
   int data_fd_ = -1, offsets_fd_ = -1, lock_fd_ = -1;
+  int sources_fd_ = -1;       // supervised rows: int32 sources_len per row
+  bool has_sources_ = false;  // source_options::fields set: rows of supervised records
   std::vector<bool> resume_done_;
   std::vector<std::int64_t> resume_skip_;
 
@@ -763,6 +785,27 @@ std::pair<std::int64_t, std::int64_t> token_cache::row_range(std::int64_t row) c
   else
     detail::read_all(s_->offsets_fd_, ends, 16, (row - 1) * 8, s_->offsets_path());
   return {ends[0], ends[1]};
+}
+
+bool token_cache::has_sources_len() const { return s_->has_sources_; }
+
+std::vector<std::int64_t> token_cache::row_ends() const {
+  std::vector<std::int64_t> ends(static_cast<std::size_t>(committed_docs()));
+  if (!ends.empty()) detail::read_all(s_->offsets_fd_, ends.data(), ends.size() * 8, 0, s_->offsets_path());
+  for (std::size_t i = 0; i < ends.size(); ++i)
+    if (ends[i] < (i ? ends[i - 1] : 0) || ends[i] > committed_tokens())
+      throw data_error("cache '" + s_->dir_ + "' is damaged: its row offsets are not in order; delete it to rebuild");
+  return ends;
+}
+
+std::vector<std::int32_t> token_cache::sources_lens() const {
+  if (!s_->has_sources_) throw data_error("cache '" + s_->dir_ + "' holds text rows, not supervised ones");
+  std::vector<std::int32_t> out(static_cast<std::size_t>(committed_docs()));
+  if (!out.empty()) detail::read_all(s_->sources_fd_, out.data(), out.size() * 4, 0, s_->sources_path());
+  for (auto v : out)
+    if (v < 0)
+      throw data_error("cache '" + s_->dir_ + "' is damaged: a negative sources_len; delete it to rebuild");
+  return out;
 }
 
 std::shared_ptr<token_cache> open_or_build_cache(const std::string& split_dir, const std::vector<std::string>& files,

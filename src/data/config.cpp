@@ -17,17 +17,44 @@ using config::detail::join_index;
 using config::url_scheme;
 
 namespace {
-// A `format:` (the dataset's, or a mixture component's): only plain text documents so far, `type: text` with an
-// optional `text_key`; chat and supervised formats are refused (not read as plain text).
-void check_text_format(config::validator& v, const std::string& key, const YAML::Node& f, const std::string& where) {
+// A `format:` (the dataset's, or a mixture component's): `type: text` with an optional `text_key`, or `type:
+// supervised` with upstream's keys; chat is refused (not read as plain text).
+void check_format(config::validator& v, const std::string& key, const YAML::Node& f, const std::string& where) {
   const std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
-  bool ok = type == "text" && (f.IsScalar() || f.IsMap());
-  if (ok && f.IsMap())
-    for (auto it = f.begin(); it != f.end(); ++it)
-      if (it->first.Scalar() != "type" && it->first.Scalar() != "text_key") ok = false;
-  if (!ok)
-    v.refuse(key, "format '" + type + "' is not supported yet (only plain text documents)",
-             "use format: {type: text, text_key: text}, or leave " + key + " out", where);
+  if (type == "chat") {
+    v.refuse(key, "format 'chat' is not supported yet (chat templates are not implemented)",
+             "convert the conversations to {prompt, response} records and use format: {type: supervised}", where);
+    return;
+  }
+  if (type != "text" && type != "supervised") {
+    v.error(key, "unknown format '" + type + "'; use text or supervised", where);
+    return;
+  }
+  if (!f.IsMap()) return;
+  for (auto it = f.begin(); it != f.end(); ++it) {
+    const std::string k = it->first.Scalar();
+    const bool known = k == "type" || (type == "text" ? k == "text_key"
+                                                      : k == "input_field" || k == "output_field" ||
+                                                            k == "separate_with" || k == "pack" || k == "mask_inputs");
+    if (!known) {
+      v.error(key + "." + k,
+              "not a key of format '" + type + "' (" +
+                  (type == "text" ? "text_key" : "input_field, output_field, separate_with, pack, mask_inputs") + ")",
+              where);
+      continue;
+    }
+    if (k == "pack" || k == "mask_inputs") {
+      bool ok = it->second.IsScalar();
+      try {
+        if (ok) (void)it->second.as<bool>();
+      } catch (const YAML::Exception&) {
+        ok = false;
+      }
+      if (!ok) v.error(key + "." + k, "expected true or false", where);
+    }
+    if (k == "separate_with" && !it->second.IsNull() && !it->second.IsScalar())
+      v.error(key + "." + k, "expected the separator's text", where);
+  }
 }
 // Simulated epoching (target_budget, experiment_budget), max_train_batches and num_validation_sequences: a
 // mixture's caps, as upstream's LMMixtureDatasetConfig (budgets exclude the two maps there).
@@ -118,7 +145,7 @@ void validate(config::validator& v, const LmDataConfig& d) {
         const std::string name = it->first.Scalar();
         const std::string key = "data.configs." + name;
         if (it->second.IsMap() && it->second["format"])
-          check_text_format(v, key + ".format", it->second["format"], d.configs.where);
+          check_format(v, key + ".format", it->second["format"], d.configs.where);
         std::size_t start = 0;
         while (true) {
           const auto slash = name.find('/', start);
@@ -161,7 +188,7 @@ void validate(config::validator& v, const LmDataConfig& d) {
                                                             "' is not a size from 1 byte to 1 PiB (e.g. 512MB)");
   check_int(v, "data.cache_options.batch_size", d.cache_options.batch_size, 1, 1 << 20, "documents per commit");
   check_int(v, "data.cache_options.num_threads", d.cache_options.num_threads, 0, 1024, "0: one per core");
-  if (d.format.set) check_text_format(v, "data.format", config::detail::load_opaque(d.format.yaml), d.format.where);
+  if (d.format.set) check_format(v, "data.format", config::detail::load_opaque(d.format.yaml), d.format.where);
   const std::string& t = d.tokenizer;
   const bool local_json = t.size() > 5 && t.substr(t.size() - 5) == ".json";
   // The error_code forms: a name the file system refuses (too long, say) is "not a local directory", not a throw.

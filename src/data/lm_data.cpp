@@ -28,13 +28,38 @@ inline std::vector<std::string> yaml_strings(const YAML::Node& n, const std::str
 inline std::string join_path(const std::string& dir, const std::string& sub) {
   return (std::filesystem::path(dir) / sub).string();
 }
+// A `format:` into the spec (validate() refused chat and unknown keys).
+void read_format(const YAML::Node& f, const std::string& key, dataset_spec& s) {
+  const std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
+  if (type == "text") {
+    if (f.IsMap() && f["text_key"]) s.text_key = f["text_key"].as<std::string>();
+    return;
+  }
+  if (type != "supervised")
+    throw config::config_error(key + ": format '" + type + "' is not supported (use text or supervised)");
+  supervised_format sf;
+  if (f.IsMap()) {
+    if (f["input_field"]) sf.input_field = f["input_field"].as<std::string>();
+    if (f["output_field"]) sf.output_field = f["output_field"].as<std::string>();
+    if (f["separate_with"] && !f["separate_with"].IsNull()) sf.separate_with = f["separate_with"].as<std::string>();
+    if (f["pack"]) sf.pack = f["pack"].as<bool>();
+    if (f["mask_inputs"]) sf.mask_inputs = f["mask_inputs"].as<bool>();
+  }
+  s.supervised = sf;
+}
 }  // namespace
 }  // namespace detail
 
 std::vector<dataset_spec> dataset_specs(const LmDataConfig& d) {
-  if (!d.configs.set)
-    return {
-        dataset_spec{"", d.train_urls, d.validation_urls, d.cache_dir, d.tags.value_or(std::vector<std::string>{})}};
+  if (!d.configs.set) {
+    dataset_spec s;
+    s.train_urls = d.train_urls;
+    s.validation_urls = d.validation_urls;
+    s.cache_dir = d.cache_dir;
+    s.tags = d.tags.value_or(std::vector<std::string>{});
+    if (d.format.set) detail::read_format(YAML::Load(d.format.yaml), "data.format", s);
+    return {s};
+  }
   const YAML::Node root = YAML::Load(d.configs.yaml);
   if (!root.IsMap() || root.size() == 0)
     throw config::config_error("data.configs (" + d.configs.where +
@@ -63,13 +88,7 @@ std::vector<dataset_spec> dataset_specs(const LmDataConfig& d) {
     s.cache_dir = c["cache_dir"] && !c["cache_dir"].IsNull() ? c["cache_dir"].as<std::string>()
                                                              : detail::join_path(d.cache_dir, name);
     s.tags = detail::yaml_strings(c["tags"], key + ".tags");
-    if (const YAML::Node f = c["format"]; f && !f.IsNull()) {  // validate() refused every other format
-      const std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
-      if (type != "text")
-        throw config::config_error(key + ".format: format '" + type +
-                                   "' is not supported yet (only plain text documents)");
-      if (f.IsMap() && f["text_key"]) s.text_key = f["text_key"].as<std::string>();
-    }
+    if (const YAML::Node f = c["format"]; f && !f.IsNull()) detail::read_format(f, key + ".format", s);
     for (const auto& u : s.train_urls)
       if (is_remote_url(u))
         throw config::config_error(key + ".train_urls: '" + u +
@@ -225,10 +244,19 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
     }
     source_options own = src;
     if (s.text_key) own.text_key = *s.text_key;
-    auto c = open_or_build_cache(dir, files, own, encode, meta, co);
+    if (s.supervised) own.fields = {s.supervised->input_field, s.supervised->output_field};
+    auto c = s.supervised ? open_or_build_cache(dir, files, own, make_supervised_encode_fn(tok_, *s.supervised),
+                                                supervised_metadata(tok_, *s.supervised), co)
+                          : open_or_build_cache(dir, files, own, encode, meta, co);
     log(std::string(c->finished() ? "cache " : "building cache ") + dir +
         (c->finished() ? " (complete)" : " in the background"));
-    return std::make_shared<cache_windows>(std::move(c), o.seq_len);
+    if (!s.supervised) return std::make_shared<cache_windows>(std::move(c), o.seq_len);
+    // Supervised rows are packed from the whole cache (as upstream's SupervisedDataset, which awaits it).
+    if (!c->finished()) log("waiting for the cache " + dir + " to be complete (supervised rows are packed from all of it)");
+    auto packs = std::make_shared<const packed_examples>(c, o.seq_len, s.supervised->max_segments());
+    log("supervised data " + dir + ": " + std::to_string(c->committed_docs()) + " records packed into " +
+        std::to_string(packs->size()) + " examples of " + std::to_string(o.seq_len) + " tokens");
+    return std::make_shared<cache_windows>(std::move(packs), std::move(c), s.supervised->mask_inputs);
   };
   for (const auto& s : specs_) {
     if (!s.train_urls.empty())
@@ -340,25 +368,54 @@ std::optional<std::int64_t> lm_data::train_length() const {
   return epochs_ * windows_of(*train_.front(), seq_len_);
 }
 
+void cache_windows::window(std::int64_t w, std::int32_t* out) const {
+  const std::int64_t at = index_ ? (*index_)[static_cast<std::size_t>(w)] : w;
+  if (!packs_) {
+    cache_->read_tokens(at * seq_len_, seq_len_, out);
+    return;
+  }
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(seq_len_));
+  std::vector<std::int32_t> segment(static_cast<std::size_t>(seq_len_));
+  packs_->example(at, mask_inputs_, out, keep.data(), segment.data());
+}
+
+void cache_windows::example(std::int64_t w, std::int64_t eos_id, std::int64_t ignore_id, std::int32_t* tokens,
+                            std::uint8_t* keep, std::int32_t* segment) const {
+  const std::int64_t at = index_ ? (*index_)[static_cast<std::size_t>(w)] : w;
+  if (packs_) return packs_->example(at, mask_inputs_, tokens, keep, segment);
+  cache_->read_tokens(at * seq_len_, seq_len_, tokens);
+  causal_labels(tokens, seq_len_, eos_id, ignore_id, keep, segment);
+}
+
 std::vector<std::int32_t> lm_data::examples(std::int64_t first, std::int64_t n) const {
   std::vector<std::int32_t> out(static_cast<std::size_t>(n * seq_len_));
-  for (std::int64_t r = 0; r < n; ++r) example(first + r, out.data() + r * seq_len_);
+  for (std::int64_t r = 0; r < n; ++r) {
+    const auto [w, k] = locate(first + r);
+    w->window(k, out.data() + r * seq_len_);
+  }
   return out;
 }
 
-void lm_data::example(std::int64_t i, std::int32_t* out) const {
+example_batch lm_data::batch(std::int64_t first, std::int64_t n, std::int64_t eos_id, std::int64_t ignore_id) const {
+  const auto size = static_cast<std::size_t>(n * seq_len_);
+  example_batch b{std::vector<std::int32_t>(size), std::vector<std::uint8_t>(size), std::vector<std::int32_t>(size)};
+  for (std::int64_t r = 0; r < n; ++r) {
+    const auto [w, k] = locate(first + r);
+    const auto at = static_cast<std::size_t>(r * seq_len_);
+    w->example(k, eos_id, ignore_id, b.tokens.data() + at, b.keep.data() + at, b.segments.data() + at);
+  }
+  return b;
+}
+
+std::pair<const cache_windows*, std::int64_t> lm_data::locate(std::int64_t i) const {
   if (mixture_) {
     const auto [pos, k] = (*mixture_)(i);
     auto w = (*orders_[pos])(static_cast<std::uint64_t>(k));
     if (split_[pos]) w = (*split_[pos])(w);  // the training part of a dataset validation sequences were split off
-    train_[pos]->window(static_cast<std::int64_t>(w), out);
-    return;
+    return {train_[pos].get(), static_cast<std::int64_t>(w)};
   }
   const auto& w = *train_.front();
-  if (!shuffled_ && w.has(i)) {  // in order: no need to wait for the whole cache
-    w.window(i, out);
-    return;
-  }
+  if (!shuffled_ && w.has(i)) return {&w, i};  // in order: no need to wait for the whole cache
   // Shuffled, or past the end (the run wraps around to the start: another epoch in the same order, as upstream's
   // EpochDataset over the shuffled windows).
   std::call_once(single_once_, [&] {
@@ -366,7 +423,7 @@ void lm_data::example(std::int64_t i, std::int32_t* out) const {
     single_order_.emplace(make_example_order(shuffle_, kind_, static_cast<std::uint64_t>(single_n_), single_key_));
   });
   const auto j = static_cast<std::uint64_t>(i % single_n_);
-  w.window(static_cast<std::int64_t>((*single_order_)(j)), out);
+  return {&w, static_cast<std::int64_t>((*single_order_)(j))};
 }
 
 }  // namespace levanter::data

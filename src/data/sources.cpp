@@ -593,6 +593,27 @@ std::string decode_record(const std::string& path, file_format fmt, const record
   return {};
 }
 
+std::string decode_document(const std::string& path, file_format fmt, const record& r, const source_options& src,
+                            std::string& text) {
+  if (src.fields.empty()) return decode_record(path, fmt, r, src.text_key, text);
+  if (fmt == file_format::txt)
+    return path + ": supervised data needs JSON records with the fields '" + src.fields.front() + "' and '" +
+           src.fields.back() + "' (.jsonl), not lines of text";
+  nlohmann::json values = nlohmann::json::array();
+  std::string v;
+  for (const auto& field : src.fields) {
+    if (auto err = decode_record(path, fmt, r, field, v); !err.empty()) {
+      if (err.find("no string field") != std::string::npos)
+        return path + ":" + std::to_string(r.line) + ": no string field '" + field +
+               "' (set the format's input_field / output_field to the record's fields)";
+      return err;
+    }
+    values.push_back(std::move(v));
+  }
+  text = values.dump();
+  return {};
+}
+
 read_stats read_documents(const std::vector<std::string>& files, const source_options& src,
                           const std::function<void(std::string_view)>& f) {
   read_stats st;
@@ -601,7 +622,7 @@ read_stats read_documents(const std::vector<std::string>& files, const source_op
     record_reader rd(path);
     record r;
     while (rd.next(r)) {
-      auto err = decode_record(path, rd.format(), r, src.text_key, text);
+      auto err = decode_document(path, rd.format(), r, src, text);
       if (!err.empty()) {
         if (src.on_bad_document == bad_document_policy::stop)
           throw data_error(err + " (set data.bad_documents: skip to leave such lines out and count them)");

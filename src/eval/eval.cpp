@@ -16,21 +16,23 @@ totals evaluate(const data::cache_windows& windows, const options& o, const data
   const std::int64_t available = (n + o.batch_size - 1) / o.batch_size;
   const std::int64_t nb = o.max_batches > 0 ? std::min(available, o.max_batches) : available;
   const std::int64_t L = windows.seq_len();
-  std::vector<std::int32_t> host;
+  std::vector<std::int32_t> host, seg;
+  std::vector<std::uint8_t> keep;
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::int64_t rows = std::min(o.batch_size, n - b * o.batch_size);
-    host.assign(static_cast<std::size_t>(rows * L), 0);
-    for (std::int64_t r = 0; r < rows; ++r) windows.window(b * o.batch_size + r, host.data() + r * L);
-    auto tokens = haliax::from_host<std::int32_t>(host, rows * Batch, L * Pos);
-    const double mean = loss(lm_example::causal(tokens, o.eos_id, o.ignore_id));
-    double targets = 0, bytes = 0;
+    const auto size = static_cast<std::size_t>(rows * L);
+    host.assign(size, 0), keep.assign(size, 0), seg.assign(size, 0);
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t p = 0; p + 1 < L; ++p) {
-        const auto next = host[static_cast<std::size_t>(r * L + p + 1)];
-        if (next == o.ignore_id) continue;
-        targets += 1;
-        bytes += double(tok.token_byte_length(next));
-      }
+      windows.example(b * o.batch_size + r, o.eos_id, o.ignore_id, host.data() + r * L, keep.data() + r * L,
+                      seg.data() + r * L);
+    auto tokens = haliax::from_host<std::int32_t>(host, rows * Batch, L * Pos);
+    const double mean = loss(lm_example::labelled(tokens, keep, seg));
+    double targets = 0, bytes = 0;  // the trained positions and the bytes of the tokens they predict
+    for (std::size_t i = 0; i < size; ++i) {
+      if (!keep[i]) continue;
+      targets += 1;
+      bytes += double(tok.token_byte_length(host[i + 1]));
+    }
     tot += totals{mean * targets, targets, bytes};
   }
   return tot;

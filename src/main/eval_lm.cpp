@@ -42,21 +42,23 @@ checkpoint::error checkpoint_mismatch(const eval_job& job, const checkpoint::err
 }
 
 std::function<double(const lm_example&)> chunked_loss(std::function<double(const lm_example&)> loss,
-                                                      std::int64_t max_rows, std::int64_t eos_id,
-                                                      std::int64_t ignore_id) {
-  return [loss = std::move(loss), max_rows, eos_id, ignore_id](const lm_example& ex) {
+                                                      std::int64_t max_rows) {
+  return [loss = std::move(loss), max_rows](const lm_example& ex) {
     const std::int64_t rows = ex.tokens.size(Batch), L = ex.tokens.size(Pos);
     if (rows <= max_rows) return loss(ex);
     const auto host = ex.tokens.to_host();
+    const auto mask = ex.loss_mask.to_host();
+    const auto segments = ex.segment_ids.to_host();
     double nll = 0, kept = 0;
     for (std::int64_t first = 0; first < rows; first += max_rows) {
       const std::int64_t n = std::min(max_rows, rows - first);
-      const std::vector<std::int32_t> part(host.begin() + first * L, host.begin() + (first + n) * L);
-      double k = 0;  // the tokens lm_example::causal keeps
-      for (std::int64_t r = 0; r < n; ++r)
-        for (std::int64_t p = 0; p + 1 < L; ++p) k += part[static_cast<std::size_t>(r * L + p + 1)] != ignore_id;
+      const auto from = static_cast<std::size_t>(first * L), to = static_cast<std::size_t>((first + n) * L);
+      const std::vector<std::int32_t> part(host.begin() + from, host.begin() + to);
+      const std::vector<std::uint8_t> keep(mask.begin() + from, mask.begin() + to);
+      const std::vector<std::int32_t> seg(segments.begin() + from, segments.begin() + to);
+      const double k = static_cast<double>(std::count(keep.begin(), keep.end(), std::uint8_t{1}));  // trained positions
       if (k == 0) continue;
-      nll += k * loss(lm_example::causal(haliax::from_host<std::int32_t>(part, n * Batch, L * Pos), eos_id, ignore_id));
+      nll += k * loss(lm_example::labelled(haliax::from_host<std::int32_t>(part, n * Batch, L * Pos), keep, seg));
       kept += k;
     }
     return kept > 0 ? nll / kept : std::nan("");
@@ -266,7 +268,7 @@ eval_lm_result evaluate_model(const eval_job& job, const eval_model& m, std::ost
       std::max<std::int64_t>(1, max_logits_per_pass / std::max<std::int64_t>(1, m.seq_len * m.vocab));
   if (batch > max_rows)
     log("each batch is evaluated " + std::to_string(max_rows) + " windows at a time (1 GiB of logits at most)");
-  const auto r = eval::evaluate_tagged(d.sets, eo, d.tok, chunked_loss(m.loss, max_rows, eos, ignore));
+  const auto r = eval::evaluate_tagged(d.sets, eo, d.tok, chunked_loss(m.loss, max_rows));
   if (!r.loss) {
     std::string sizes;
     for (const auto& s : d.sets)

@@ -182,8 +182,11 @@ std::vector<std::vector<std::int32_t>> train_viz_documents(const data::lm_data& 
 
 lm_example training_batch(const data::lm_data& data, std::int64_t first, std::int64_t count, std::int64_t seq_len,
                           std::int64_t eos, std::int64_t ignore_id) {
-  const auto host = data.examples(first, count);  // waits only if the cache has not reached these windows
-  return lm_example::causal(haliax::from_host<std::int32_t>(host, count * Batch, seq_len * Pos), eos, ignore_id);
+  // Waits only if the cache has not reached these windows. Text windows get upstream LmExample.causal's mask and
+  // segments; packed supervised ones their own.
+  const auto b = data.batch(first, count, eos, ignore_id);
+  return lm_example::labelled(haliax::from_host<std::int32_t>(b.tokens, count * Batch, seq_len * Pos), b.keep,
+                              b.segments);
 }
 
 std::string describe_run(std::string_view model_type, std::int64_t parameters, std::int64_t vocab,

@@ -3,7 +3,9 @@
 #include <vector>
 
 #include <haliax/haliax.hpp>
+#include <levanter/data/packing.hpp>
 #include <levanter/models/lm.hpp>
+#include <stdexcept>
 
 namespace levanter {
 
@@ -11,17 +13,21 @@ lm_example lm_example::causal(const token_batch& tokens, std::int64_t eos_id, st
   const auto B = tokens.size(Batch), P = tokens.size(Pos);
   auto host = tokens.to_host();
   std::vector<std::int32_t> seg(host.size());
-  std::vector<bool> keep(host.size());
-  for (std::int64_t b = 0; b < B; ++b) {
-    std::int32_t s = 0;
-    for (std::int64_t p = 0; p < P; ++p) {
-      const auto i = static_cast<std::size_t>(b * P + p);
-      if (p > 0 && host[i - 1] == eos_id) ++s;
-      seg[i] = s;
-      keep[i] = p + 1 < P && host[i + 1] != ignore_id;
-    }
-  }
-  return {tokens, hax::from_host(keep, B * Batch, P * Pos), hax::from_host<std::int32_t>(seg, B * Batch, P * Pos)};
+  std::vector<std::uint8_t> keep(host.size());
+  for (std::int64_t b = 0; b < B; ++b)
+    data::causal_labels(host.data() + b * P, P, eos_id, ignore_id, keep.data() + b * P, seg.data() + b * P);
+  return {tokens, hax::from_host(std::vector<bool>(keep.begin(), keep.end()), B * Batch, P * Pos),
+          hax::from_host<std::int32_t>(seg, B * Batch, P * Pos)};
+}
+
+lm_example lm_example::labelled(const token_batch& tokens, const std::vector<std::uint8_t>& keep,
+                                const std::vector<std::int32_t>& segments) {
+  const auto B = tokens.size(Batch), P = tokens.size(Pos);
+  if (keep.size() != static_cast<std::size_t>(B * P) || segments.size() != keep.size())
+    throw std::invalid_argument("lm_example::labelled: the loss mask and segment ids must have batch x position "
+                                "entries");
+  return {tokens, hax::from_host(std::vector<bool>(keep.begin(), keep.end()), B * Batch, P * Pos),
+          hax::from_host<std::int32_t>(segments, B * Batch, P * Pos)};
 }
 
 template <LmHeadWeight H>

@@ -6,6 +6,7 @@
 //   <split>/shard_ledger.json       upstream's ledger fields + our own (commit point, written by rename)
 //   <split>/input_ids/data.bin      int32 little-endian tokens of all rows, concatenated
 //   <split>/input_ids/offsets.bin   int64 little-endian exclusive end (in tokens) of each row
+//   <split>/sources_len/data.bin    supervised caches only: int32 little-endian sources_len of each row
 //
 // A row is a document: the tokens `encode(text)` returned for it (BOS/EOS are the encode function's business; see
 // make_encode_fn for upstream's rule).
@@ -99,6 +100,12 @@ class token_cache {
   void read_tokens(std::int64_t start, std::int64_t count, std::int32_t* out) const;
   /// Token range [begin, end) of committed row `row`.
   std::pair<std::int64_t, std::int64_t> row_range(std::int64_t row) const;
+  /// The exclusive token ends of all committed rows.
+  std::vector<std::int64_t> row_ends() const;
+  /// Whether rows are supervised (source_options::fields): each has a sources_len besides its tokens.
+  bool has_sources_len() const;
+  /// sources_len of all committed rows (supervised caches only, else data_error).
+  std::vector<std::int32_t> sources_lens() const;
 
   // Opens or builds; use open_or_build_cache.
   token_cache(std::string dir, std::vector<std::string> files, source_options src, encode_fn encode,

@@ -15,6 +15,7 @@
 #include <levanter/data/cache.hpp>
 #include <levanter/data/config.hpp>
 #include <levanter/data/mixture.hpp>
+#include <levanter/data/packing.hpp>
 #include <levanter/data/permutation.hpp>
 #include <levanter/data/sources.hpp>
 #include <levanter/data/tokenizer.hpp>
@@ -37,6 +38,7 @@ struct dataset_spec {
   std::string cache_dir;          ///< holds `train/` and `validation/`
   std::vector<std::string> tags;  ///< extra eval tags (upstream `tags`)
   std::optional<std::string> text_key;  ///< the component's `format: {type: text, text_key}`; unset: data's
+  std::optional<supervised_format> supervised;  ///< `format: {type: supervised, ...}`: packed supervised examples
 };
 
 /// The datasets of the config, in config order (a mixture's `configs` keep the order they are written in).
@@ -45,35 +47,54 @@ std::vector<dataset_spec> dataset_specs(const LmDataConfig& d);
 /// `data.train_weights`: `{name: w}` (one stage from step 0) or `[[step, {name: w}], ...]`; starts in steps.
 std::vector<mixture_stage> weight_stages(const LmDataConfig& d, const std::vector<dataset_spec>& specs);
 
-/// Examples of one dataset: windows of seq_len tokens over its cache, or chosen windows of another's (a
-/// validation set split off a training set).
+/// Examples of one dataset: windows of seq_len tokens over its text cache, packed supervised examples, or chosen
+/// examples of another's (a validation set split off a training set). Each example comes with its loss mask and
+/// segment ids (`example`).
 class cache_windows {
  public:
   cache_windows(std::shared_ptr<token_cache> c, std::int64_t seq_len) : cache_(std::move(c)), seq_len_(seq_len) {}
-  /// Windows index[0], index[1], ... of `base` (every one must exist in base's finished cache).
+  /// The packed examples of a supervised cache (`mask_inputs`: train on the responses only).
+  cache_windows(std::shared_ptr<const packed_examples> p, std::shared_ptr<token_cache> c, bool mask_inputs)
+      : cache_(std::move(c)), seq_len_(p->seq_len()), packs_(std::move(p)), mask_inputs_(mask_inputs) {}
+  /// Examples index[0], index[1], ... of `base` (every one must exist in base's finished cache).
   cache_windows(const cache_windows& base, std::vector<std::int64_t> index)
-      : cache_(base.cache_), seq_len_(base.seq_len_),
+      : cache_(base.cache_), seq_len_(base.seq_len_), packs_(base.packs_), mask_inputs_(base.mask_inputs_),
         index_(std::make_shared<const std::vector<std::int64_t>>(std::move(index))) {}
   std::int64_t seq_len() const { return seq_len_; }
   const token_cache& cache() const { return *cache_; }
-  /// Windows in the finished cache (waits for the build to finish).
+  /// Whether the examples are packed supervised rows (their loss masks come from the data, not from the tokens).
+  bool packed() const { return packs_ != nullptr; }
+  /// Examples in the finished cache (waits for the build to finish).
   std::int64_t final_size() const {
-    return index_ ? static_cast<std::int64_t>(index_->size()) : cache_->total_tokens() / seq_len_;
+    if (index_) return static_cast<std::int64_t>(index_->size());
+    return packs_ ? packs_->size() : cache_->total_tokens() / seq_len_;
   }
-  /// Whether window `w` exists, waiting until it is built or the build ends without it.
+  /// Whether example `w` exists, waiting until it is built or the build ends without it.
   bool has(std::int64_t w) const {
-    if (index_) return w >= 0 && w < final_size();
+    if (index_ || packs_) return w >= 0 && w < final_size();
     return cache_->wait_for_tokens((w + 1) * seq_len_) >= (w + 1) * seq_len_;
   }
-  void window(std::int64_t w, std::int32_t* out) const {
-    const std::int64_t at = index_ ? (*index_)[static_cast<std::size_t>(w)] : w;
-    cache_->read_tokens(at * seq_len_, seq_len_, out);
-  }
+  /// The tokens of example `w`.
+  void window(std::int64_t w, std::int32_t* out) const;
+  /// Example `w`: tokens, loss mask and segment ids (seq_len each). Text windows follow upstream
+  /// `LmExample.causal` (`eos_id` starts segments, `ignore_id` masks targets; causal_labels); packed ones the
+  /// supervised mask (packed_examples::example).
+  void example(std::int64_t w, std::int64_t eos_id, std::int64_t ignore_id, std::int32_t* tokens, std::uint8_t* keep,
+               std::int32_t* segment) const;
 
  private:
   std::shared_ptr<token_cache> cache_;
   std::int64_t seq_len_;
-  std::shared_ptr<const std::vector<std::int64_t>> index_;  // set: the windows of cache_ this view holds
+  std::shared_ptr<const packed_examples> packs_;  // set: supervised examples
+  bool mask_inputs_ = true;
+  std::shared_ptr<const std::vector<std::int64_t>> index_;  // set: the examples of cache_ this view holds
+};
+
+/// Rows of examples, row-major [n, seq_len] each: tokens, loss mask (1 = the position is trained) and segment ids.
+struct example_batch {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::uint8_t> keep;
+  std::vector<std::int32_t> segments;
 };
 
 /// A validation set: the windows of one dataset's validation split and the tags its losses are logged under.
@@ -108,6 +129,8 @@ class lm_data {
 
   /// Examples [first, first + n) as a row-major [n, seq_len] buffer.
   std::vector<std::int32_t> examples(std::int64_t first, std::int64_t n) const;
+  /// Examples [first, first + n) with their loss masks and segment ids (cache_windows::example).
+  example_batch batch(std::int64_t first, std::int64_t n, std::int64_t eos_id, std::int64_t ignore_id) const;
 
   /// Training windows of a single source (waits for its cache to finish).
   std::int64_t single_size() const { return train_.front()->final_size(); }
@@ -117,7 +140,8 @@ class lm_data {
   std::optional<std::int64_t> train_length() const;
 
  private:
-  void example(std::int64_t i, std::int32_t* out) const;
+  // The dataset and example that training example i is.
+  std::pair<const cache_windows*, std::int64_t> locate(std::int64_t i) const;
 
   tokenizer tok_;
   std::int64_t seq_len_;

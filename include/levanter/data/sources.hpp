@@ -35,6 +35,9 @@ enum class bad_document_policy {
 /// How documents are read from the files.
 struct source_options {
   std::string text_key = "text";  ///< JSON field holding the text (upstream `text_key`)
+  /// Supervised records (format: supervised): the string fields read from each JSON record, in order (input,
+  /// output); the document is then the JSON array of their values. Empty for text documents (`text_key`).
+  std::vector<std::string> fields;
   bad_document_policy on_bad_document = bad_document_policy::stop;
 };
 
@@ -122,6 +125,10 @@ std::size_t find_invalid_utf8(std::string_view s);
 /// string on success, else the message of what is wrong (naming file, line and, for UTF-8, the byte offset).
 std::string decode_record(const std::string& path, file_format fmt, const record& r, const std::string& text_key,
                           std::string& text);
+/// The document of a record under `src`: decode_record with its text_key, or, with `src.fields`, the JSON array of
+/// those string fields (a .txt file, or a record lacking one, is an error message naming the file, line and field).
+std::string decode_document(const std::string& path, file_format fmt, const record& r, const source_options& src,
+                            std::string& text);
 
 /// What a read produced.
 struct read_stats {

@@ -131,9 +131,9 @@ checkpoint::error checkpoint_mismatch(const eval_job& job, const checkpoint::err
 
 /// `loss` over batches of at most `max_rows` windows at a time, combined into the batch's mean (weighted by the
 /// predicted tokens of each part), so a large evaluation batch needs no more than `max_rows` windows of logits.
+/// Each part keeps the example's own loss mask and segment ids.
 std::function<double(const lm_example&)> chunked_loss(std::function<double(const lm_example&)> loss,
-                                                      std::int64_t max_rows, std::int64_t eos_id,
-                                                      std::int64_t ignore_id);
+                                                      std::int64_t max_rows);
 
 /// The evaluation, the analyses and the report, for any model type.
 eval_lm_result evaluate_model(const eval_job& job, const eval_model& m, std::ostream& out);

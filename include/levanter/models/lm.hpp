@@ -73,6 +73,10 @@ struct lm_example {
   token_batch segment_ids;
 
   static lm_example causal(const token_batch& tokens, std::int64_t eos_id, std::int64_t ignore_id = -100);
+  /// Tokens with a loss mask and segment ids given per token (row-major {batch, position}; packed supervised data:
+  /// levanter/data/packing.hpp).
+  static lm_example labelled(const token_batch& tokens, const std::vector<std::uint8_t>& keep,
+                             const std::vector<std::int32_t>& segments);
 };
 
 /// The auxiliary losses a forward pass computed besides the hidden states (Mixtral's load-balancing loss and router
