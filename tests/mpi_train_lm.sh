@@ -188,17 +188,25 @@ long=(--trainer.num_train_steps 60 --trainer.checkpointer.keep '[{every: 10}]' -
 runn 2 "${long[@]}" --trainer.id whole2 > whole2.out 2>&1 || { cat whole2.out; fail "the uninterrupted 2-rank run failed"; }
 timeout 300 "${mpi[@]}" -n 2 "$train_lm" "${common[@]}" "${long[@]}" --trainer.id killed > killed1.out 2>&1 &
 job=$!
+# The rank to kill is found while the job starts, so that it dies the moment step 10 is committed (the whole run
+# takes a few seconds; looking for it afterwards could miss the job on a loaded machine).
+rank_of_killed() {  # the pid of one train_lm rank of the job, or nothing (never fails: set -e)
+  local p
+  for p in $(pgrep -f -- "--trainer.id killed" || true); do
+    if [ "$(cat /proc/"$p"/comm 2> /dev/null)" = train_lm ]; then echo "$p"; fi
+  done | tail -1
+}
+victim=""
 for _ in $(seq 1 1200); do
-  [ -f ckpt/killed/step-10/metadata.json ] && break
+  [ -n "$victim" ] || victim=$(rank_of_killed)
+  if [ -n "$victim" ] && [ -f ckpt/killed/step-10/metadata.json ]; then break; fi
   kill -0 "$job" 2> /dev/null || break
-  sleep 0.05
+  sleep 0.02
 done
 [ -f ckpt/killed/step-10/metadata.json ] || { cat killed1.out; fail "no checkpoint at step 10"; }
-victim=$(pgrep -f -- "--trainer.id killed" | while read -r p; do
-  [ "$(cat /proc/"$p"/comm 2> /dev/null)" = train_lm ] && echo "$p"; done | tail -1)
 [ -n "$victim" ] || fail "no train_lm rank to kill"
 t0=$(date +%s)
-kill -9 "$victim"
+kill -9 "$victim" || { cat killed1.out; fail "the job ended before a rank could be killed"; }
 set +e
 wait "$job"
 code=$?

@@ -178,7 +178,7 @@ TEST_CASE("supervised caches: missing fields name file, line and field, and text
   };
   CHECK_THROWS_WITH_AS(open("bad.jsonl", "c1")->total_tokens(),
                        doctest::Contains("bad.jsonl:2: no string field 'response'"), ld::data_error);
-  CHECK_THROWS_WITH_AS(open("lines.txt", "c2")->total_tokens(), doctest::Contains("supervised data needs JSON records"),
+  CHECK_THROWS_WITH_AS(open("lines.txt", "c2")->total_tokens(), doctest::Contains("supervised and chat data need JSON records"),
                        ld::data_error);
   // Skipping bad records keeps the good one.
   src.on_bad_document = ld::bad_document_policy::skip;

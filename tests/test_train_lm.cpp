@@ -997,6 +997,46 @@ TEST_CASE("train_lm: supervised data is packed and trains on the responses only"
   CHECK(resumed.start_step == 2);
   CHECK(loss_log(dir / "logs" / "sft-split" / "metrics.jsonl") == loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
 
+  // Single-turn chat (upstream SingleTurnChatProcessor): the first user and the first assistant message, wherever
+  // they are, make the same rows as the supervised records (without a separator), so the same examples.
+  {
+    std::ifstream in(dir / "train.jsonl");
+    std::ofstream out(dir / "chat.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto r = nlohmann::json::parse(line);
+      nlohmann::json messages = nlohmann::json::array(
+          {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", r["prompt"]}},
+           {{"role", "assistant"}, {"content", r["response"]}}, {{"role", "user"}, {"content", "And then?"}},
+           {{"role", "assistant"}, {"content", "Nothing."}}});
+      out << nlohmann::json{{"conversation", messages}}.dump() << "\n";
+    }
+  }
+  auto chat = cfg;
+  chat.data.train_urls = {(dir / "chat.jsonl").string()};
+  chat.data.validation_urls = {};
+  chat.data.cache_dir = (dir / "chat-cache").string();
+  chat.data.format = opaque("{type: chat, single_turn: true, messages_field: conversation}");
+  auto plain = cfg;
+  plain.data.validation_urls = {};
+  plain.data.cache_dir = (dir / "plain-cache").string();
+  plain.data.format = opaque("{type: supervised}");
+  {
+    const levanter::data::lm_data a(chat.data, o), b(plain.data, o);
+    REQUIRE(a.single_size() == b.single_size());
+    const auto x = a.batch(0, a.single_size(), 256, -100), y = b.batch(0, b.single_size(), 256, -100);
+    CHECK(x.tokens == y.tokens);
+    CHECK(x.keep == y.keep);
+    CHECK(x.segments == y.segments);
+  }
+  {
+    std::ofstream(dir / "chat.jsonl") << R"({"conversation": [{"role": "user", "content": "hi"}]})" << "\n";
+    fs::remove_all(dir / "chat-cache");
+    CHECK_THROWS_WITH_AS(levanter::data::lm_data(chat.data, o),
+                         doctest::Contains("chat.jsonl:1: no message with role 'assistant' in 'conversation'"),
+                         levanter::data::data_error);
+  }
+
   // The text cache of the same files is not mistaken for the supervised one.
   cfg.data.format = {};
   cfg.trainer.id = "as-text";

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <levanter/data/detail/utf8.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,23 +47,7 @@ struct rng {
   std::uint64_t below(std::uint64_t n) { return next() % n; }
 };
 
-inline void put_cp(std::string& out, std::uint32_t c) {
-  if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
+inline void put_cp(std::string& out, std::uint32_t c) { levanter::data::detail::append_utf8(out, c); }
 
 namespace detail {
 

@@ -206,7 +206,7 @@ struct token_cache::state {
   bool finished() const { return finished_.load(std::memory_order_acquire); }
 
   void open(nlohmann::json metadata) {
-    has_sources_ = !src_.fields.empty();
+    has_sources_ = src_.pairs();
     if (!has_sources_) metadata["text_key"] = src_.text_key;  // supervised metadata names its fields itself
     names_ = shard_names(files_);
     std::filesystem::create_directories(dir_ + "/input_ids");
@@ -710,7 +710,7 @@ struct token_cache::state {
   std::int64_t vocab_ = 0;  // the tokenizer's vocabulary size from the metadata; 0 when unknown
   int data_fd_ = -1, offsets_fd_ = -1, lock_fd_ = -1;
   int sources_fd_ = -1;       // supervised rows: int32 sources_len per row
-  bool has_sources_ = false;  // source_options::fields set: rows of supervised records
+  bool has_sources_ = false;  // source_options::pairs(): rows of supervised records
   std::vector<bool> resume_done_;
   std::vector<std::int64_t> resume_skip_;
 

@@ -1,9 +1,13 @@
 // data/config.hpp: checks of the `data:` section.
 #include <levanter/data/config.hpp>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
 
 #include <levanter/config/validate.hpp>
 
@@ -17,33 +21,46 @@ using config::detail::join_index;
 using config::url_scheme;
 
 namespace {
-// A `format:` (the dataset's, or a mixture component's): `type: text` with an optional `text_key`, or `type:
-// supervised` with upstream's keys; chat is refused (not read as plain text).
+// A `format:` (the dataset's, or a mixture component's): `type: text` with an optional `text_key`, `type:
+// supervised` with upstream's keys, or `type: chat` with `single_turn: true` (upstream reads those as supervised
+// pairs); multi-turn chat is refused until chat templates exist (never read as plain text).
 void check_format(config::validator& v, const std::string& key, const YAML::Node& f, const std::string& where) {
   const std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
-  if (type == "chat") {
-    v.refuse(key, "format 'chat' is not supported yet (chat templates are not implemented)",
-             "convert the conversations to {prompt, response} records and use format: {type: supervised}", where);
+  if (type != "text" && type != "supervised" && type != "chat") {
+    v.error(key, "unknown format '" + type + "'; use text, supervised or chat", where);
     return;
   }
-  if (type != "text" && type != "supervised") {
-    v.error(key, "unknown format '" + type + "'; use text or supervised", where);
+  auto flag = [&](const char* k) {
+    try {
+      return f.IsMap() && f[k] && f[k].IsScalar() && f[k].as<bool>();
+    } catch (const YAML::Exception&) {
+      return false;
+    }
+  };
+  if (type == "chat" && !flag("single_turn")) {
+    v.refuse(key, "multi-turn format 'chat' is not supported yet (chat templates are not implemented)",
+             "use format: {type: chat, single_turn: true} (the first user and assistant messages as a supervised "
+             "pair), or {prompt, response} records with format: {type: supervised}",
+             where);
     return;
   }
+  if (type == "chat" && f["chat_template"] && !f["chat_template"].IsNull())
+    v.error(key + ".chat_template", "chat templates are not supported for single-turn chat (as upstream)", where);
   if (!f.IsMap()) return;
+  const std::map<std::string, std::vector<std::string>> keys = {
+      {"text", {"text_key"}},
+      {"supervised", {"input_field", "output_field", "separate_with", "pack", "mask_inputs"}},
+      {"chat", {"messages_field", "single_turn", "chat_template", "pack", "mask_user_turns"}}};
+  const auto& allowed = keys.at(type);
   for (auto it = f.begin(); it != f.end(); ++it) {
     const std::string k = it->first.Scalar();
-    const bool known = k == "type" || (type == "text" ? k == "text_key"
-                                                      : k == "input_field" || k == "output_field" ||
-                                                            k == "separate_with" || k == "pack" || k == "mask_inputs");
-    if (!known) {
-      v.error(key + "." + k,
-              "not a key of format '" + type + "' (" +
-                  (type == "text" ? "text_key" : "input_field, output_field, separate_with, pack, mask_inputs") + ")",
-              where);
+    if (k != "type" && std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      v.error(key + "." + k, "not a key of format '" + type + "' (" + list + ")", where);
       continue;
     }
-    if (k == "pack" || k == "mask_inputs") {
+    if (k == "pack" || k == "mask_inputs" || k == "single_turn" || k == "mask_user_turns") {
       bool ok = it->second.IsScalar();
       try {
         if (ok) (void)it->second.as<bool>();

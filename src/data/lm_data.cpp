@@ -35,9 +35,19 @@ void read_format(const YAML::Node& f, const std::string& key, dataset_spec& s) {
     if (f.IsMap() && f["text_key"]) s.text_key = f["text_key"].as<std::string>();
     return;
   }
-  if (type != "supervised")
-    throw config::config_error(key + ": format '" + type + "' is not supported (use text or supervised)");
   supervised_format sf;
+  if (type == "chat") {  // validate() let only single_turn through: a supervised pair (upstream does the same)
+    if (!f.IsMap() || !f["single_turn"] || !f["single_turn"].as<bool>())
+      throw config::config_error(key + ": multi-turn chat needs chat templates, not supported yet; use single_turn: "
+                                 "true or supervised records");
+    sf.messages_field = f["messages_field"] ? f["messages_field"].as<std::string>() : "messages";
+    if (f["pack"]) sf.pack = f["pack"].as<bool>();
+    if (f["mask_user_turns"]) sf.mask_inputs = f["mask_user_turns"].as<bool>();
+    s.supervised = sf;
+    return;
+  }
+  if (type != "supervised")
+    throw config::config_error(key + ": format '" + type + "' is not supported (use text, supervised or chat)");
   if (f.IsMap()) {
     if (f["input_field"]) sf.input_field = f["input_field"].as<std::string>();
     if (f["output_field"]) sf.output_field = f["output_field"].as<std::string>();
@@ -244,7 +254,10 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
     }
     source_options own = src;
     if (s.text_key) own.text_key = *s.text_key;
-    if (s.supervised) own.fields = {s.supervised->input_field, s.supervised->output_field};
+    if (s.supervised && s.supervised->messages_field)
+      own.messages_field = *s.supervised->messages_field;
+    else if (s.supervised)
+      own.fields = {s.supervised->input_field, s.supervised->output_field};
     auto c = s.supervised ? open_or_build_cache(dir, files, own, make_supervised_encode_fn(tok_, *s.supervised),
                                                 supervised_metadata(tok_, *s.supervised), co)
                           : open_or_build_cache(dir, files, own, encode, meta, co);

@@ -53,6 +53,7 @@ nlohmann::json supervised_metadata(const tokenizer& tok, const supervised_format
                       {"separate_with", f.separate_with ? nlohmann::json(*f.separate_with) : nlohmann::json()},
                       {"format", "supervised"}};
   if (!tok.is_builtin()) m["tokenizer_hash"] = tok.content_hash();
+  if (f.messages_field) m["messages_field"] = *f.messages_field;
   return m;
 }
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <levanter/data/sources.hpp>
+#include <levanter/io/json_limits.hpp>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -593,12 +594,45 @@ std::string decode_record(const std::string& path, file_format fmt, const record
   return {};
 }
 
+namespace {
+
+// Upstream SingleTurnChatProcessor: the content of the first message with role "user" and of the first with role
+// "assistant" (wherever they are in the list).
+std::string first_turn(const std::string& where, const record& r, const std::string& field, std::string& text) {
+  if (io::json_depth(r.bytes, 64) > 64) return where + ": the record is nested deeper than 64 levels";
+  const auto j = nlohmann::json::parse(r.bytes, nullptr, false);
+  if (j.is_discarded()) return where + ": malformed JSON line (each line must be one JSON object)";
+  if (!j.is_object()) return where + ": the line is JSON but not an object (each line must be one JSON object)";
+  if (!j.contains(field) || !j[field].is_array())
+    return where + ": no list of messages in field '" + field + "' (set the format's messages_field)";
+  nlohmann::json pair = nlohmann::json::array();
+  for (const char* role : {"user", "assistant"}) {
+    const auto& messages = j[field];
+    const auto m = std::find_if(messages.begin(), messages.end(), [&](const nlohmann::json& x) {
+      return x.is_object() && x.contains("role") && x["role"] == role;
+    });
+    if (m == messages.end()) return where + ": no message with role '" + role + "' in '" + field + "'";
+    if (!m->contains("content") || !(*m)["content"].is_string())
+      return where + ": the first '" + role + "' message of '" + field + "' has no string content";
+    pair.push_back((*m)["content"]);
+  }
+  text = pair.dump();
+  return {};
+}
+
+}  // namespace
+
 std::string decode_document(const std::string& path, file_format fmt, const record& r, const source_options& src,
                             std::string& text) {
-  if (src.fields.empty()) return decode_record(path, fmt, r, src.text_key, text);
+  if (!src.pairs()) return decode_record(path, fmt, r, src.text_key, text);
   if (fmt == file_format::txt)
-    return path + ": supervised data needs JSON records with the fields '" + src.fields.front() + "' and '" +
-           src.fields.back() + "' (.jsonl), not lines of text";
+    return path + ": supervised and chat data need JSON records (.jsonl), not lines of text";
+  if (!src.messages_field.empty()) {
+    const std::string where = path + ":" + std::to_string(r.line);
+    if (auto bad = find_invalid_utf8(r.bytes); bad != std::string_view::npos)
+      return where + ": invalid UTF-8 at byte " + std::to_string(bad) + " of the line";
+    return first_turn(where, r, src.messages_field, text);
+  }
   nlohmann::json values = nlohmann::json::array();
   std::string v;
   for (const auto& field : src.fields) {

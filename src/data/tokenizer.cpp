@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <levanter/data/detail/tokenizer.hpp>
+#include <levanter/data/detail/utf8.hpp>
 #include <levanter/data/tokenizer.hpp>
 #include <levanter/data/unicode_tables.hpp>
 #include <map>
@@ -90,23 +91,7 @@ std::uint8_t class_at(const char* s, std::size_t n, std::size_t i, std::size_t& 
   return cp_class(next_cp(s, n, i, len));
 }
 
-void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80)
-    out.push_back(static_cast<char>(c));
-  else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
+using levanter::data::detail::append_utf8;
 
 /// Rust's `String::from_utf8_lossy`: each maximal invalid subsequence becomes one U+FFFD.
 std::string utf8_lossy(std::string_view s) {

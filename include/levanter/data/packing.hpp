@@ -66,6 +66,9 @@ struct supervised_format {
   std::optional<std::string> separate_with;  ///< appended to the input before both are tokenized
   bool pack = true;                          ///< up to 64 rows per example; false: one row per example
   bool mask_inputs = true;                   ///< train only on the response tokens
+  /// Set for `format: {type: chat, single_turn: true}` (upstream SingleTurnChatProcessor): the records' messages
+  /// field; the first user message is the input and the first assistant message the output.
+  std::optional<std::string> messages_field;
 
   std::int64_t max_segments() const { return pack ? 64 : 1; }
 };

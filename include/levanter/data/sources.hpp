@@ -38,6 +38,11 @@ struct source_options {
   /// Supervised records (format: supervised): the string fields read from each JSON record, in order (input,
   /// output); the document is then the JSON array of their values. Empty for text documents (`text_key`).
   std::vector<std::string> fields;
+  /// Single-turn chat records (format: chat with single_turn): the field holding the OpenAI-style messages; the
+  /// document is then the JSON array [first user message's content, first assistant message's content].
+  std::string messages_field;
+  /// Whether records are read as (input, output) pairs (`fields` or `messages_field`): supervised rows.
+  bool pairs() const { return !fields.empty() || !messages_field.empty(); }
   bad_document_policy on_bad_document = bad_document_policy::stop;
 };
 
@@ -125,8 +130,9 @@ std::size_t find_invalid_utf8(std::string_view s);
 /// string on success, else the message of what is wrong (naming file, line and, for UTF-8, the byte offset).
 std::string decode_record(const std::string& path, file_format fmt, const record& r, const std::string& text_key,
                           std::string& text);
-/// The document of a record under `src`: decode_record with its text_key, or, with `src.fields`, the JSON array of
-/// those string fields (a .txt file, or a record lacking one, is an error message naming the file, line and field).
+/// The document of a record under `src`: decode_record with its text_key; with `src.fields` the JSON array of those
+/// string fields; with `src.messages_field` the JSON array of the first user and the first assistant message's
+/// contents (a .txt file, or a record lacking what is read, is an error message naming the file, line and field).
 std::string decode_document(const std::string& path, file_format fmt, const record& r, const source_options& src,
                             std::string& text);
 
