@@ -194,3 +194,146 @@ TEST_CASE("supervised caches: missing fields name file, line and field, and text
   CHECK_THROWS_WITH_AS(ld::packed_examples(plain, 8, 64), doctest::Contains("holds text rows"), ld::data_error);
   fs::remove_all(dir);
 }
+
+TEST_CASE("sft packing: the examples of upstream sft's permutation, epochs, cuts and prompt-completion packing") {
+  const std::string path = std::string(HALIAX_GOLDEN_DIR) + "/packing/sft.json";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot open " << path);
+  const auto golden = nlohmann::json::parse(in);
+  const auto dir = train_helpers::temp_dir("levanter_test_packing", "sft");
+  int compared = 0, trained = 0, epochs_seen = 0, cut_seen = 0;
+  std::int64_t dropped = 0;
+  std::size_t case_no = 0;
+  for (const auto& e : golden["prompt_completions"]) {
+    const auto rows = e["rows"].get<std::vector<std::vector<std::int32_t>>>();
+    const auto sources = e["sources_len"].get<std::vector<std::int32_t>>();
+    const auto cache = golden_cache(dir / std::to_string(case_no++), rows, sources);
+    ld::prompt_completion_options o;
+    o.seq_len = e["seq_len"].get<std::int64_t>();
+    o.max_seq_len = e["max_seq_len"].get<std::int64_t>();
+    o.epochs = e["epochs"].get<std::int64_t>();
+    o.key = haliax::random::make_key(e["key_seed"].get<std::uint64_t>());
+    o.pad_id = e["pad"].get<std::int32_t>();
+    const ld::packed_examples packs(cache, o);
+    CAPTURE(case_no);
+    REQUIRE(packs.size() == static_cast<std::int64_t>(e["packs"].size()));
+    epochs_seen += o.epochs > 1;
+    cut_seen += o.max_seq_len < o.seq_len;
+    dropped += packs.dropped_rows();
+    const auto L = static_cast<std::size_t>(o.seq_len);
+    std::vector<std::int32_t> tokens(L), seg(L);
+    std::vector<std::uint8_t> keep(L);
+    for (std::int64_t k = 0; k < packs.size(); ++k) {
+      const auto& want = e["packs"][static_cast<std::size_t>(k)];
+      packs.example(k, true, tokens.data(), keep.data(), seg.data());
+      CHECK(tokens == want["tokens"].get<std::vector<std::int32_t>>());
+      CHECK(seg == want["segment_ids"].get<std::vector<std::int32_t>>());
+      const auto mask = want["loss_mask"].get<std::vector<int>>();
+      CHECK(std::vector<int>(keep.begin(), keep.end()) == mask);
+      trained += static_cast<int>(std::count(keep.begin(), keep.end(), 1));
+      ++compared;
+    }
+  }
+  CHECK(compared > 200);
+  CHECK(trained > 4000);
+  CHECK(epochs_seen > 0);
+  CHECK(cut_seen > 0);
+  CHECK(dropped > 0);  // some prompts are too long, some responses cut away: upstream leaves those rows out
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sft rows: the roles sft names, and EOS after the response when the tokenizer does not add it") {
+  const auto dir = train_helpers::temp_dir("levanter_test_packing", "sft_rows");
+  fs::create_directories(dir);
+  std::ofstream(dir / "chat.jsonl")
+      << R"({"messages": [{"role": "system", "content": "S"}, {"role": "human", "content": "Hi"}, )"
+      << R"({"role": "gpt", "content": "Yo"}, {"role": "human", "content": "later"}]})" << "\n"
+      << R"({"messages": [{"role": "human", "content": "only a question"}]})" << "\n";
+  const auto tok = ld::tokenizer::byte_level();
+  ld::supervised_format f;
+  f.messages_field = "messages";
+  f.input_role = "human";
+  f.output_role = "gpt";
+  f.append_eos = true;
+  ld::source_options src;
+  src.messages_field = "messages";
+  src.input_role = "human";
+  src.output_role = "gpt";
+  auto c = ld::open_or_build_cache((dir / "c").string(), {(dir / "chat.jsonl").string()}, src,
+                                   ld::make_supervised_encode_fn(tok, f), ld::supervised_metadata(tok, f), quiet());
+  CHECK_THROWS_WITH_AS(c->total_tokens(), doctest::Contains("chat.jsonl:2: no message with role 'gpt'"),
+                       ld::data_error);
+  src.on_bad_document = ld::bad_document_policy::skip;
+  c = ld::open_or_build_cache((dir / "c2").string(), {(dir / "chat.jsonl").string()}, src,
+                              ld::make_supervised_encode_fn(tok, f), ld::supervised_metadata(tok, f), quiet());
+  REQUIRE(c->total_tokens() == 5);  // "Hi" "Yo" and the byte tokenizer's EOS (id 256), which it never adds itself
+  std::vector<std::int32_t> ids(5);
+  c->read_tokens(0, 5, ids.data());
+  CHECK(ids == std::vector<std::int32_t>{'H', 'i', 'Y', 'o', 256});
+  CHECK(c->sources_lens() == std::vector<std::int32_t>{2});
+  const auto m = ld::supervised_metadata(tok, f);
+  CHECK(m["input_role"] == "human");
+  CHECK(m["append_eos"] == true);
+  // A cache of this packing holds at least one row; an empty one is refused by name.
+  ld::prompt_completion_options o;
+  o.seq_len = 8;
+  o.max_seq_len = 8;
+  const ld::packed_examples packs(c, o);
+  REQUIRE(packs.size() == 1);
+  std::vector<std::int32_t> tokens(8), seg(8);
+  std::vector<std::uint8_t> keep(8);
+  packs.example(0, true, tokens.data(), keep.data(), seg.data());
+  CHECK(tokens == std::vector<std::int32_t>{'H', 'i', 'Y', 'o', 256, 0, 0, 0});
+  CHECK(std::vector<int>(keep.begin(), keep.end()) == std::vector<int>{0, 1, 1, 1, 0, 0, 0, 0});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sft_mixture packing: the first examples of upstream sft_mixture's mixture of permuted rows") {
+  const std::string path = std::string(HALIAX_GOLDEN_DIR) + "/packing/sft.json";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot open " << path);
+  const auto golden = nlohmann::json::parse(in);
+  const auto dir = train_helpers::temp_dir("levanter_test_packing", "sft_mixture");
+  int compared = 0, trained = 0;
+  std::size_t case_no = 0;
+  for (const auto& e : golden["mixture"]) {
+    std::vector<std::shared_ptr<ld::token_cache>> caches;
+    std::vector<std::string> names;
+    std::vector<std::int64_t> lengths;
+    ld::mixture_stage stage;
+    for (const auto& d : e["datasets"]) {
+      const auto rows = d["rows"].get<std::vector<std::vector<std::int32_t>>>();
+      caches.push_back(golden_cache(dir / std::to_string(case_no++), rows,
+                                    d["sources_len"].get<std::vector<std::int32_t>>()));
+      names.push_back(d["name"].get<std::string>());
+      lengths.push_back(static_cast<std::int64_t>(rows.size()));
+      stage.weights.emplace_back(names.back(), e["weights"][names.back()].get<double>());
+    }
+    const auto key = haliax::random::make_key(e["key_seed"].get<std::uint64_t>());
+    ld::prompt_completion_options o;
+    o.seq_len = e["seq_len"].get<std::int64_t>();
+    o.key = key;
+    o.pad_id = e["pad"].get<std::int32_t>();
+    o.examples = static_cast<std::int64_t>(e["packs"].size());
+    o.mixture.emplace(names, std::vector<ld::mixture_stage>{stage}, e["block_size"].get<std::int64_t>(), key, lengths,
+                      ld::stop_strategy::restart);
+    const ld::packed_examples packs(caches, o);
+    CAPTURE(case_no);
+    REQUIRE(packs.size() == o.examples);
+    const auto L = static_cast<std::size_t>(o.seq_len);
+    std::vector<std::int32_t> tokens(L), seg(L);
+    std::vector<std::uint8_t> keep(L);
+    for (std::int64_t k = 0; k < packs.size(); ++k) {
+      const auto& want = e["packs"][static_cast<std::size_t>(k)];
+      packs.example(k, true, tokens.data(), keep.data(), seg.data());
+      CHECK(tokens == want["tokens"].get<std::vector<std::int32_t>>());
+      CHECK(seg == want["segment_ids"].get<std::vector<std::int32_t>>());
+      CHECK(std::vector<int>(keep.begin(), keep.end()) == want["loss_mask"].get<std::vector<int>>());
+      trained += static_cast<int>(std::count(keep.begin(), keep.end(), 1));
+      ++compared;
+    }
+  }
+  CHECK(compared == 240);
+  CHECK(trained > 2000);
+  fs::remove_all(dir);
+}

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <levanter/main/sft.hpp>
 #include <levanter/main/train_lm.hpp>
 
 #include "train_helpers.hpp"
@@ -1041,5 +1042,260 @@ TEST_CASE("train_lm: supervised data is packed and trains on the responses only"
   cfg.data.format = {};
   cfg.trainer.id = "as-text";
   CHECK_THROWS_WITH_AS(run(cfg), doctest::Contains("format: cached"), levanter::data::data_error);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// An sft config (upstream SFTConfig keys) over `dir`, parsed and planned as the sft program does.
+levanter::sft_plan sft_plan_of(const fs::path& dir, const std::string& extra) {
+  const std::string yaml =
+      "tokenizer: byte\nmax_seq_len: 32\nmodel: {type: gpt2}\n"
+      "trainer:\n  num_train_steps: 8\n  train_batch_size: 4\n  id: sft\n  log_dir: \"" + (dir / "logs").string() +
+      "\"\n  checkpointer: {base_path: \"" + (dir / "checkpoints").string() + "\", keep: [{every: 2}]}\n" +
+      "optimizer: {learning_rate: 3e-3, warmup: 0.25}\n" + extra;
+  const char* argv[] = {"sft"};
+  auto parsed = levanter::config::parse_command_line<levanter::SftConfig>(1, argv, yaml, "<test>");
+  return levanter::plan_sft(parsed.config, parsed.sources);
+}
+
+levanter::train_result run_sft(const levanter::sft_plan& p, const std::vector<hook>& hooks = {}) {
+  std::ostringstream sink;
+  return levanter::run_train_lm<G>(p.train, *p.train.model.get_if<levanter::Gpt2Config>(),
+                                   levanter::config::to_yaml_string(p.train), sink, hooks);
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += x + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("sft: upstream's SFTConfig fine-tunes a Hugging Face model on single-turn chats, resumes bitwise") {
+  auto dir = temp_dir("sft");
+  write_corpus(dir / "train.jsonl", 100, 12);
+  write_corpus(dir / "valid.jsonl", 10, 13);
+  auto base = tiny_config(dir);  // the model to fine-tune, exported as Hugging Face does
+  base.trainer.num_train_steps = 4;
+  base.trainer.id = "base";
+  base.hf_save_path = (dir / "hf").string();
+  base.hf_save_steps = 4;
+  run(base);
+  const auto hf_dir = dir / "hf" / "base" / "step-3";
+  REQUIRE(fs::exists(hf_dir / "config.json"));
+
+  // Chats whose prompt and response are supervised records' (roles as sft names them); record 5's prompt is longer
+  // than a sequence, so sft leaves it out.
+  write_supervised(dir / "records.jsonl", 60, 1, false);
+  auto write_chats = [&](const fs::path& out_path, char long_prompt_letter) {
+    std::ifstream in(dir / "records.jsonl");
+    std::ofstream out(out_path);
+    std::string line;
+    for (int i = 0; std::getline(in, line); ++i) {
+      const auto r = nlohmann::json::parse(line);
+      const std::string prompt = i == 5 ? std::string(40, long_prompt_letter) : r["prompt"].get<std::string>();
+      nlohmann::json messages = nlohmann::json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                                       {{"role", "human"}, {"content", prompt}},
+                                                       {{"role", "gpt"}, {"content", r["response"]}}});
+      out << nlohmann::json{{"messages", messages}}.dump() << "\n";
+    }
+  };
+  write_chats(dir / "chats.jsonl", 'Q');
+  const std::string data = "dataset_type: chat_jsonl\nchat_train_urls: [\"" + (dir / "chats.jsonl").string() +
+                           "\"]\nsupervised_data: {cache_dir: \"" + (dir / "sft-cache").string() + "\"}\n" +
+                           "input_role: human\noutput_role: gpt\ninitialize_from_hf: \"" + hf_dir.string() + "\"\n";
+  const auto plan = sft_plan_of(dir, data + "epoch: 2\n");
+  REQUIRE_MESSAGE(plan.checked.errors.empty(), joined(plan.checked.errors));
+  CHECK(plan.train.use_hf_model_config);
+  CHECK(plan.train.hf_seq_len == 32);
+
+  // The examples: rows packed 4 at most, in a permutation of the rows, twice over; the loss on responses and EOS.
+  {
+    levanter::data::lm_data::options o;
+    o.seq_len = 32;
+    o.batch_size = 4;
+    o.data_key = haliax::random::make_key(0);
+    o.epochs = 1;
+    const levanter::data::lm_data d(plan.train.data, o);
+    const auto n = d.single_size();
+    CHECK(n >= 2 * 59 / 4);  // 59 rows kept, twice, at most 4 to an example
+    const auto b = d.batch(0, n, 256, -100);
+    std::set<std::int32_t> segments_of_first;
+    std::int64_t eos_trained = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      std::set<std::int32_t> segs;
+      for (std::int64_t p = 0; p < 32; ++p) {
+        const auto i = static_cast<std::size_t>(r * 32 + p);
+        if (b.segments[i] >= 0) segs.insert(b.segments[i]);
+        if (b.keep[i] && b.tokens[i + 1] == 256) ++eos_trained;
+      }
+      CHECK(segs.size() <= 4);
+    }
+    CHECK(eos_trained == 2 * 59);  // every kept row ends with the EOS sft appends, which is trained
+  }
+
+  auto res = run_sft(plan);
+  CHECK(res.steps == 8);
+  const auto losses = logged_losses(dir / "logs" / "sft" / "metrics.jsonl");
+  REQUIRE(losses.size() == 8);
+  CHECK(losses.back() < losses.front());
+  CHECK(file_bytes(dir / "logs" / "sft" / "train_lm.log").find("2 epochs, packed into") != std::string::npos);
+
+  // The left-out row can change without changing anything; a response letter cannot.
+  auto other = dir / "other";
+  fs::create_directories(other);
+  write_chats(other / "chats.jsonl", 'Z');
+  auto other_data = [&](const std::string& file) {
+    return "dataset_type: chat_jsonl\nchat_train_urls: [\"" + (other / file).string() +
+           "\"]\nsupervised_data: {cache_dir: \"" + (other / ("cache-" + file)).string() + "\"}\n" +
+           "input_role: human\noutput_role: gpt\ninitialize_from_hf: \"" + hf_dir.string() + "\"\nepoch: 2\n";
+  };
+  run_sft(sft_plan_of(other, other_data("chats.jsonl")));
+  CHECK(loss_log(other / "logs" / "sft" / "metrics.jsonl") == loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
+  {
+    std::string text = file_bytes(other / "chats.jsonl");
+    int flipped = 0;  // the last letter of every non-empty response (JSON keys are sorted: content, then role)
+    for (auto at = text.find("\",\"role\":\"gpt\""); at != std::string::npos; at = text.find("\",\"role\":\"gpt\"", at + 1))
+      if (text[at - 1] >= 'a' && text[at - 1] <= 'z') {
+        text[at - 1] = text[at - 1] == 'q' ? 'r' : 'q';
+        ++flipped;
+      }
+    REQUIRE(flipped > 20);
+    std::ofstream(other / "changed.jsonl") << text;
+  }
+  auto changed = sft_plan_of(other, other_data("changed.jsonl"));
+  changed.train.trainer.id = "changed";
+  run_sft(changed);
+  CHECK(loss_log(other / "logs" / "changed" / "metrics.jsonl") != loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
+
+  // Interrupted and resumed, bitwise the same as whole.
+  auto split = plan;
+  split.train.trainer.id = "sft-split";
+  CHECK_THROWS_AS(run_sft(split, {stop_after(5)}), stop_here);
+  const auto resumed = run_sft(split);
+  CHECK(resumed.start_step == 4);
+  CHECK(loss_log(dir / "logs" / "sft-split" / "metrics.jsonl") == loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
+
+  // epoch 0 reads the rows once and the run ends with them; supervised records (dataset_type huggingface, local
+  // files) train the same way.
+  auto once = sft_plan_of(dir, "dataset_type: huggingface\nsupervised_data: {cache_dir: \"" +
+                                   (dir / "sup-cache").string() + "\", train_urls: [\"" +
+                                   (dir / "records.jsonl").string() + "\"]}\ninitialize_from_hf: \"" +
+                                   hf_dir.string() + "\"\n");
+  REQUIRE_MESSAGE(once.checked.errors.empty(), joined(once.checked.errors));
+  once.train.trainer.id = "once";
+  once.train.trainer.num_train_steps = 100;
+  const auto ended = run_sft(once);
+  CHECK(ended.steps < 16);  // 45 rows with a response, up to 4 to an example, 4 examples a step
+  CHECK(ended.steps >= 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sft: config errors name sft's keys and what to do") {
+  auto dir = temp_dir("sft_errors");
+  auto errors_of = [&](const std::string& yaml) { return joined(sft_plan_of(dir, yaml).checked.errors); };
+  const auto none = errors_of("chat_train_urls: [a.jsonl]\nsupervised_data: {cache_dir: c}\n");
+  CHECK(none.find("initialize_from_hf: sft fine-tunes a trained model") != std::string::npos);
+  const auto missing = errors_of("trainer: {initialize_from: x}\n");
+  CHECK(missing.find("supervised_data") != std::string::npos);
+  CHECK(missing.find("chat_train_urls: required with dataset_type chat_jsonl") != std::string::npos);
+  const auto hub = errors_of("dataset_type: huggingface\nsupervised_data: {id: tatsu-lab/alpaca, cache_dir: c}\n"
+                             "initialize_from_hf: true\nmodel_name_or_path: meta-llama/Llama-3.1-8B\n");
+  CHECK(hub.find("supervised_data.id") != std::string::npos);
+  CHECK(hub.find("Hugging Face datasets are not supported") != std::string::npos);
+  CHECK(hub.find("model_name_or_path") != std::string::npos);
+  CHECK(hub.find("not a local directory") != std::string::npos);
+  const auto both = errors_of("chat_train_urls: [a.jsonl]\nsupervised_data: {cache_dir: c}\n"
+                              "initialize_from_hf: some/dir\ntrainer: {initialize_from: x}\n");
+  CHECK(both.find("trainer.initialize_from") != std::string::npos);
+  const auto odd = errors_of("dataset_type: parquet\nsupervised_data: {cache_dir: c}\nreinit_tokens: true\n"
+                             "trainer: {initialize_from: x}\nhf_save_path: out\n");
+  CHECK(odd.find("unknown dataset type 'parquet'") != std::string::npos);
+  CHECK(odd.find("reinit_tokens") != std::string::npos);
+  CHECK(odd.find("hf_save_steps: must be positive with hf_save_path") != std::string::npos);
+  const auto remote = errors_of("chat_train_urls: [\"gs://bucket/x.jsonl\"]\nsupervised_data: {cache_dir: c}\n"
+                                "trainer: {initialize_from: x}\n");
+  CHECK(remote.find("chat_train_urls") != std::string::npos);
+  CHECK(remote.find("remote") != std::string::npos);
+  // A mixture-style map of sources: the first is used, with a note.
+  const auto map = sft_plan_of(dir, "dataset_type: huggingface\ntrainer: {initialize_from: x}\nsupervised_data:\n"
+                                    "  first: {cache_dir: c1, train_urls: [a.jsonl]}\n"
+                                    "  second: {cache_dir: c2, train_urls: [b.jsonl]}\n");
+  CHECK(map.checked.errors.empty());
+  CHECK(map.train.data.cache_dir == "c1");
+  CHECK(joined(map.checked.notes).find("sft uses the first ('first')") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sft_mixture: upstream's SFTMixtureConfig mixes two chat datasets' rows, packs them, resumes bitwise") {
+  auto dir = temp_dir("sft_mixture");
+  write_corpus(dir / "train.jsonl", 100, 12);
+  write_corpus(dir / "valid.jsonl", 10, 13);
+  auto base = tiny_config(dir);
+  base.trainer.num_train_steps = 4;
+  base.trainer.id = "base";
+  base.hf_save_path = (dir / "hf").string();
+  base.hf_save_steps = 4;
+  run(base);
+  const auto hf_dir = dir / "hf" / "base" / "step-3";
+  for (int part = 0; part < 2; ++part) {
+    write_supervised(dir / ("records" + std::to_string(part) + ".jsonl"), 30 + 20 * part, 3 + part, false);
+    std::ifstream in(dir / ("records" + std::to_string(part) + ".jsonl"));
+    std::ofstream out(dir / ("chats" + std::to_string(part) + ".jsonl"));
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto r = nlohmann::json::parse(line);
+      out << nlohmann::json{{"messages", nlohmann::json::array({{{"role", "user"}, {"content", r["prompt"]}},
+                                                                {{"role", "assistant"}, {"content", r["response"]}}})}}
+                 .dump()
+          << "\n";
+    }
+  }
+  auto yaml = [&](const std::string& id, const std::string& extra) {
+    return "tokenizer: byte\nmax_seq_len: 32\nmodel: {type: gpt2}\ninitialize_from_hf: \"" + hf_dir.string() +
+           "\"\nsupervised_data:\n  tulu: {cache_dir: \"" + (dir / "c0").string() + "\", train_urls: [\"" +
+           (dir / "chats0.jsonl").string() + "\"]}\n  math: {cache_dir: \"" + (dir / "c1").string() +
+           "\", train_urls: [\"" + (dir / "chats1.jsonl").string() + "\"]}\n" +
+           "mixture_weights: {tulu: 3, math: 1}\nmixture_block_size: 8\n"
+           "trainer:\n  num_train_steps: 6\n  train_batch_size: 4\n  id: " + id + "\n  log_dir: \"" +
+           (dir / "logs").string() + "\"\n  checkpointer: {base_path: \"" + (dir / "checkpoints").string() +
+           "\", keep: [{every: 2}]}\noptimizer: {learning_rate: 3e-3, warmup: 0.25}\n" + extra;
+  };
+  auto plan_of = [&](const std::string& y) {
+    const char* argv[] = {"sft_mixture"};
+    auto parsed = levanter::config::parse_command_line<levanter::SftMixtureConfig>(1, argv, y, "<test>");
+    return levanter::plan_sft_mixture(parsed.config, parsed.sources);
+  };
+  const auto plan = plan_of(yaml("mix", ""));
+  REQUIRE_MESSAGE(plan.checked.errors.empty(), joined(plan.checked.errors));
+  CHECK(plan.train.data.sft->examples == 24);
+  const auto res = run_sft(plan);
+  CHECK(res.steps == 6);
+  const auto losses = logged_losses(dir / "logs" / "mix" / "metrics.jsonl");
+  REQUIRE(losses.size() == 6);
+  CHECK(losses.back() < losses.front());
+  CHECK(file_bytes(dir / "logs" / "mix" / "train_lm.log").find("sft mixture of 2 datasets: 24 examples") !=
+        std::string::npos);
+
+  // Other weights give other batches; an interrupted run resumes bitwise.
+  auto other = plan_of(yaml("mix-other", "").replace(yaml("mix-other", "").find("{tulu: 3, math: 1}"), 18,
+                                                      "{tulu: 1, math: 3}"));
+  REQUIRE(other.checked.errors.empty());
+  run_sft(other);
+  CHECK(loss_log(dir / "logs" / "mix-other" / "metrics.jsonl") != loss_log(dir / "logs" / "mix" / "metrics.jsonl"));
+  auto split = plan_of(yaml("mix-split", ""));
+  CHECK_THROWS_AS(run_sft(split, {stop_after(3)}), stop_here);
+  CHECK(run_sft(split).start_step == 2);
+  CHECK(loss_log(dir / "logs" / "mix-split" / "metrics.jsonl") == loss_log(dir / "logs" / "mix" / "metrics.jsonl"));
+
+  // Errors in sft_mixture's keys.
+  const auto bad = joined(plan_of(yaml("bad", "stop_strategy: first_exhausted\n")).checked.errors);
+  CHECK(bad.find("stop_strategy") != std::string::npos);
+  CHECK(bad.find("use restart") != std::string::npos);
+  auto unknown = yaml("bad", "");
+  unknown.replace(unknown.find("{tulu: 3, math: 1}"), 18, "{tulu: 3, code: 1}");
+  CHECK(joined(plan_of(unknown).checked.errors).find("mixture_weights") != std::string::npos);
   fs::remove_all(dir);
 }

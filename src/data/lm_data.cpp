@@ -229,6 +229,20 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
     : tok_(make_tokenizer(d)), seq_len_(o.seq_len), epochs_(o.epochs) {
   auto log = o.log ? o.log : [](const std::string&) {};
   specs_ = dataset_specs(d);
+  const bool sft_mixture = d.sft && d.configs.set;
+  if (d.sft) {  // the sft programs' datasets of supervised or single-turn chat records
+    if ((!sft_mixture && specs_.size() != 1) || specs_.empty())
+      throw config::config_error("sft: the data must be one dataset of supervised or chat records");
+    for (auto& spec : specs_) {
+      if (!spec.supervised)
+        throw config::config_error("sft: dataset '" + spec.name + "' is not of supervised or chat records");
+      auto& f = *spec.supervised;
+      f.input_role = d.sft->input_role;
+      f.output_role = d.sft->output_role;
+      f.append_eos = f.messages_field.has_value();
+      f.mask_inputs = true;
+    }
+  }
   source_options src;
   src.text_key = d.text_key.value_or("text");
   if (d.format.set) {
@@ -243,7 +257,7 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
   co.log = o.log;
   const auto meta = tokenizer_metadata(tok_, true, d.enforce_eos);
   const auto encode = make_encode_fn(tok_, true, d.enforce_eos);
-  auto open = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {
+  auto open_cache = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {
     const auto dir = detail::join_path(s.cache_dir, split);
     std::vector<std::string> files;
     try {
@@ -254,23 +268,83 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
     }
     source_options own = src;
     if (s.text_key) own.text_key = *s.text_key;
-    if (s.supervised && s.supervised->messages_field)
+    if (s.supervised && s.supervised->messages_field) {
       own.messages_field = *s.supervised->messages_field;
-    else if (s.supervised)
+      own.input_role = s.supervised->input_role;
+      own.output_role = s.supervised->output_role;
+    } else if (s.supervised)
       own.fields = {s.supervised->input_field, s.supervised->output_field};
     auto c = s.supervised ? open_or_build_cache(dir, files, own, make_supervised_encode_fn(tok_, *s.supervised),
                                                 supervised_metadata(tok_, *s.supervised), co)
                           : open_or_build_cache(dir, files, own, encode, meta, co);
     log(std::string(c->finished() ? "cache " : "building cache ") + dir +
         (c->finished() ? " (complete)" : " in the background"));
+    return c;
+  };
+  auto open = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {
+    auto c = open_cache(s, urls, split);
+    const auto dir = c->dir();
     if (!s.supervised) return std::make_shared<cache_windows>(std::move(c), o.seq_len);
     // Supervised rows are packed from the whole cache (as upstream's SupervisedDataset, which awaits it).
     if (!c->finished()) log("waiting for the cache " + dir + " to be complete (supervised rows are packed from all of it)");
+    if (d.sft) {
+      prompt_completion_options pc;
+      pc.seq_len = o.seq_len;
+      pc.max_seq_len = d.sft->max_seq_len;
+      pc.epochs = d.sft->epochs;
+      pc.key = o.data_key;
+      pc.pad_id = tok_.eos_id().value_or(0);  // upstream pads with pad_token, else EOS (see docs/sft.md)
+      auto packs = std::make_shared<const packed_examples>(c, pc);
+      log("sft data " + dir + ": " + std::to_string(c->committed_docs()) + " records" +
+          (pc.epochs > 1 ? ", " + std::to_string(pc.epochs) + " epochs," : "") + " packed into " +
+          std::to_string(packs->size()) + " examples of " + std::to_string(o.seq_len) + " tokens" +
+          (packs->dropped_rows() ? " (" + std::to_string(packs->dropped_rows()) +
+                                       " rows left out: a prompt of seq_len tokens or more, or no response left "
+                                       "within max_seq_len)"
+                                 : ""));
+      return std::make_shared<cache_windows>(std::move(packs), std::move(c), true);
+    }
     auto packs = std::make_shared<const packed_examples>(c, o.seq_len, s.supervised->max_segments());
     log("supervised data " + dir + ": " + std::to_string(c->committed_docs()) + " records packed into " +
         std::to_string(packs->size()) + " examples of " + std::to_string(o.seq_len) + " tokens");
     return std::make_shared<cache_windows>(std::move(packs), std::move(c), s.supervised->mask_inputs);
   };
+  if (sft_mixture) {  // sft_mixture: the mixture's rows are packed (upstream mixes rows, then packs them)
+    std::vector<std::shared_ptr<token_cache>> caches;
+    std::vector<std::string> names;
+    std::vector<std::int64_t> rows;
+    for (const auto& s : specs_) {
+      if (s.train_urls.empty())
+        throw config::config_error("supervised_data." + s.name + ": train_urls is empty: give its .jsonl files");
+      caches.push_back(open_cache(s, s.train_urls, "train"));
+      log("waiting for the cache of '" + s.name + "' to be complete (its rows are mixed and packed)");
+      caches.back()->total_tokens();  // waits for the build
+      rows.push_back(caches.back()->committed_docs());
+      names.push_back(s.name);
+    }
+    const std::int64_t block = d.mixture_block_size.value_or(2048);
+    prompt_completion_options pc;
+    pc.seq_len = o.seq_len;
+    pc.max_seq_len = d.sft->max_seq_len;
+    pc.key = o.data_key;
+    pc.pad_id = tok_.eos_id().value_or(0);
+    pc.examples = d.sft->examples;
+    pc.mixture.emplace(names, mixture_stages_from_steps(weight_stages(d, specs_), o.batch_size, block), block,
+                       o.data_key, rows, stop_strategy::restart);
+    for (const auto& w : pc.mixture->warnings()) log("mixture: " + w);
+    auto first = caches.front();
+    auto packs = std::make_shared<const packed_examples>(std::move(caches), pc);
+    log("sft mixture of " + std::to_string(names.size()) + " datasets: " + std::to_string(packs->size()) +
+        " examples of " + std::to_string(o.seq_len) + " tokens packed for the run" +
+        (packs->dropped_rows() ? " (" + std::to_string(packs->dropped_rows()) +
+                                     " rows left out: a prompt of seq_len tokens or more, or no response left within "
+                                     "max_seq_len)"
+                               : ""));
+    train_.push_back(std::make_shared<cache_windows>(std::move(packs), std::move(first), true));
+    for (std::size_t i = 1; i < specs_.size(); ++i) train_.push_back(nullptr);
+    single_key_ = o.data_key;
+    return;
+  }
   for (const auto& s : specs_) {
     if (!s.train_urls.empty())
       train_.push_back(open(s, s.train_urls, "train"));

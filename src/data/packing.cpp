@@ -1,5 +1,9 @@
 // levanter/data/packing.hpp: supervised rows, greedy packing and the per-row loss mask and segment ids.
 #include <algorithm>
+#include <deque>
+#include <limits>
+#include <levanter/data/permutation.hpp>
+#include <stdexcept>
 #include <levanter/data/error.hpp>
 #include <levanter/data/packing.hpp>
 #include <nlohmann/json.hpp>
@@ -31,12 +35,29 @@ std::vector<doc_range> pack_documents(std::span<const std::int64_t> lengths, std
 
 encode_fn make_supervised_encode_fn(tokenizer tok, const supervised_format& f) {
   const std::string sep = f.separate_with.value_or("");
-  return [tok = std::move(tok), sep](std::string_view doc) {
+  // Upstream sft's chat rows: EOS after the output unless the tokenizer ends texts with it (checked on "hi there").
+  std::string eos_text;
+  bool eos_id_after = false;
+  if (f.append_eos) {
+    if (!tok.eos_id())
+      throw data_error("tokenizer '" + tok.name() + "' has no EOS token, which sft appends to every response; use a "
+                       "tokenizer with one (or set eos_token in its tokenizer_config.json)");
+    const auto probe = tok.encode("hi there");
+    if (probe.empty() || probe.back() != *tok.eos_id()) {
+      if (tok.eos_token())
+        eos_text = *tok.eos_token();
+      else
+        eos_id_after = true;
+    }
+  }
+  const std::int32_t eos = tok.eos_id().value_or(0);
+  return [tok = std::move(tok), sep, eos_text, eos_id_after, eos](std::string_view doc) {
     // decode_document made `doc`: a JSON array of the input and the output string.
     const auto fields = nlohmann::json::parse(doc);
     const std::string source = fields.at(0).get<std::string>() + sep;
     const auto source_ids = tok.encode(source);
-    auto ids = tok.encode(source + fields.at(1).get<std::string>());
+    auto ids = tok.encode(source + fields.at(1).get<std::string>() + eos_text);
+    if (eos_id_after) ids.push_back(eos);
     std::vector<std::int32_t> row;
     row.reserve(ids.size() + 1);
     row.push_back(static_cast<std::int32_t>(source_ids.size()));
@@ -54,45 +75,144 @@ nlohmann::json supervised_metadata(const tokenizer& tok, const supervised_format
                       {"format", "supervised"}};
   if (!tok.is_builtin()) m["tokenizer_hash"] = tok.content_hash();
   if (f.messages_field) m["messages_field"] = *f.messages_field;
+  if (f.input_role != "user" || f.output_role != "assistant") {
+    m["input_role"] = f.input_role;
+    m["output_role"] = f.output_role;
+  }
+  if (f.append_eos) m["append_eos"] = true;
   return m;
 }
 
+packed_examples::rows packed_examples::read_cache(std::shared_ptr<token_cache> cache) {
+  cache->total_tokens();  // waits for the build (upstream packs a finished cache)
+  if (!cache->has_sources_len())
+    throw data_error("cache '" + cache->dir() + "' holds text rows; supervised examples need a supervised cache");
+  rows r;
+  r.ends = cache->row_ends();
+  r.sources = cache->sources_lens();
+  r.cache = std::move(cache);
+  return r;
+}
+
 packed_examples::packed_examples(std::shared_ptr<token_cache> cache, std::int64_t seq_len, std::int64_t max_segments)
-    : cache_(std::move(cache)), seq_len_(seq_len) {
-  cache_->total_tokens();  // waits for the build (upstream packs a finished cache)
-  if (!cache_->has_sources_len())
-    throw data_error("cache '" + cache_->dir() + "' holds text rows; supervised examples need a supervised cache");
-  ends_ = cache_->row_ends();
-  sources_ = cache_->sources_lens();
-  std::vector<std::int64_t> lengths(ends_.size());
-  for (std::size_t i = 0; i < ends_.size(); ++i) lengths[i] = ends_[i] - (i ? ends_[i - 1] : 0);
+    : seq_len_(seq_len) {
+  src_.push_back(read_cache(std::move(cache)));
+  const auto& ends = src_.front().ends;
+  std::vector<std::int64_t> lengths(ends.size());
+  for (std::size_t i = 0; i < ends.size(); ++i) lengths[i] = ends[i] - (i ? ends[i - 1] : 0);
   // Upstream packs the sources_len field too, one value per row within seq_len values: at most seq_len rows.
   packs_ = pack_documents(lengths, seq_len, std::min(max_segments, seq_len), true);
+  for (const auto& r : packs_) {
+    for (std::int64_t row = r.begin; row < r.end; ++row) {
+      const std::int64_t len = lengths[static_cast<std::size_t>(row)];
+      const std::int64_t skip = std::max<std::int64_t>(0, len - seq_len_);  // "right": keep the last seq_len
+      pieces_.push_back({row, skip, len - skip, static_cast<std::int32_t>(row), 0});
+    }
+    first_.push_back(static_cast<std::int64_t>(pieces_.size()));
+  }
+}
+
+packed_examples::packed_examples(std::vector<std::shared_ptr<token_cache>> caches, const prompt_completion_options& o)
+    : seq_len_(o.seq_len), pad_id_(o.pad_id) {
+  if (o.max_segments <= 0 || o.max_buffered <= 0 || o.seq_len <= 0)
+    throw data_error("prompt-completion packing needs a positive seq_len, max_segments and max_buffered");
+  if (caches.empty() || (!o.mixture && caches.size() != 1))
+    throw data_error("prompt-completion packing takes one cache, or a mixture's");
+  if (o.mixture && o.examples <= 0)
+    throw data_error("prompt-completion packing of a mixture needs the number of examples to make");
+  std::vector<permutation> perms;
+  for (auto& c : caches) {
+    src_.push_back(read_cache(std::move(c)));
+    const auto n = static_cast<std::uint64_t>(src_.back().ends.size());
+    if (n == 0 && !o.mixture)  // (a mixture_index refuses an empty dataset in use)
+      throw data_error("cache '" + src_.back().cache->dir() + "' holds no rows: there is nothing to train on");
+    perms.push_back(n ? permutation::make(permutation_kind::feistel, n, o.key) : permutation{});
+  }
+  // The stream of rows: one cache read through its permutation `epochs` times, or the mixture of the caches.
+  const std::uint64_t single_n = src_.front().ends.size();
+  const std::uint64_t stream =
+      o.mixture ? std::numeric_limits<std::uint64_t>::max()
+                : single_n * static_cast<std::uint64_t>(std::max<std::int64_t>(1, o.epochs));
+  const std::int64_t cut = o.max_seq_len > 0 ? std::min(o.seq_len, o.max_seq_len) : o.seq_len;
+
+  struct open_pack {
+    std::vector<packed_piece> pieces;
+    std::int64_t tokens = 0;
+  };
+  std::deque<open_pack> open;
+  auto emit = [&](open_pack&& p) {
+    pieces_.insert(pieces_.end(), p.pieces.begin(), p.pieces.end());
+    first_.push_back(static_cast<std::int64_t>(pieces_.size()));
+  };
+  auto enough = [&] { return o.mixture && size() >= o.examples; };
+  for (std::uint64_t i = 0; i < stream && !enough(); ++i) {
+    std::size_t d = 0;
+    std::int64_t row = 0;
+    if (o.mixture) {
+      const auto [dataset, k] = (*o.mixture)(static_cast<std::int64_t>(i));
+      d = dataset;
+      row = static_cast<std::int64_t>(perms[d](static_cast<std::uint64_t>(k)));
+    } else {
+      row = static_cast<std::int64_t>(perms[0](i % single_n));
+    }
+    const auto& r = src_[d];
+    const std::int64_t len = std::min(r.ends[static_cast<std::size_t>(row)] - r.begin(row), cut);
+    const std::int64_t prompt = r.sources[static_cast<std::size_t>(row)];
+    if (prompt > o.seq_len - 1 || len <= prompt) {
+      ++dropped_;
+      continue;
+    }
+    const packed_piece piece{row, 0, len, static_cast<std::int32_t>(i), static_cast<std::uint32_t>(d)};
+    auto fits = std::find_if(open.begin(), open.end(), [&](const open_pack& p) {
+      return p.tokens + len <= o.seq_len && static_cast<std::int64_t>(p.pieces.size()) < o.max_segments;
+    });
+    if (fits != open.end()) {
+      fits->pieces.push_back(piece);
+      fits->tokens += len;
+      if (static_cast<std::int64_t>(fits->pieces.size()) == o.max_segments) {
+        emit(std::move(*fits));
+        open.erase(fits);
+      }
+    } else {
+      open.push_back({{piece}, len});
+    }
+    while (static_cast<std::int64_t>(open.size()) >= o.max_buffered && !enough()) {
+      emit(std::move(open.front()));
+      open.pop_front();
+    }
+    if (o.mixture && i > 1000 * static_cast<std::uint64_t>(o.examples) + 1000000 && size() == 0)
+      throw data_error("sft_mixture: no row of the mixture fits an example of " + std::to_string(o.seq_len) +
+                       " tokens (every prompt is too long or every response is cut away)");
+  }
+  for (auto& p : open) {
+    if (enough()) break;
+    emit(std::move(p));
+  }
+}
+
+std::span<const packed_piece> packed_examples::pieces(std::int64_t k) const {
+  if (k < 0 || k >= size()) throw std::out_of_range("packed example " + std::to_string(k) + " of " + std::to_string(size()));
+  const auto b = static_cast<std::size_t>(first_[static_cast<std::size_t>(k)]),
+             e = static_cast<std::size_t>(first_[static_cast<std::size_t>(k) + 1]);
+  return std::span<const packed_piece>(pieces_.data() + b, e - b);
 }
 
 void packed_examples::example(std::int64_t k, bool mask_inputs, std::int32_t* tokens, std::uint8_t* keep,
                               std::int32_t* segment) const {
-  const auto& r = packs_.at(static_cast<std::size_t>(k));
-  std::fill(tokens, tokens + seq_len_, 0);
+  std::fill(tokens, tokens + seq_len_, pad_id_);
   std::fill(segment, segment + seq_len_, -1);
   std::fill(keep, keep + seq_len_, 0);
-  std::vector<std::int64_t> index(static_cast<std::size_t>(seq_len_), 0);  // each token's index in its whole row
   std::int64_t at = 0;
-  for (std::int64_t row = r.begin; row < r.end; ++row) {
-    const std::int64_t begin = row ? ends_[static_cast<std::size_t>(row - 1)] : 0,
-                       end = ends_[static_cast<std::size_t>(row)];
-    const std::int64_t skip = std::max<std::int64_t>(0, end - begin - seq_len_);  // "right": keep the last seq_len
-    const std::int64_t n = end - begin - skip;
-    cache_->read_tokens(begin + skip, n, tokens + at);
-    for (std::int64_t j = 0; j < n; ++j) {
-      segment[at + j] = static_cast<std::int32_t>(row);
-      index[static_cast<std::size_t>(at + j)] = skip + j;
+  for (const auto& piece : pieces(k)) {
+    const auto& r = src_[piece.source];
+    r.cache->read_tokens(r.begin(piece.row) + piece.skip, piece.n, tokens + at);
+    const std::int64_t prompt = r.sources[static_cast<std::size_t>(piece.row)];
+    for (std::int64_t j = 0; j < piece.n; ++j) {
+      segment[at + j] = piece.segment;
+      // position at + j predicts token j + 1 of the piece, which is token skip + j + 1 of its row
+      keep[at + j] = j + 1 < piece.n && (!mask_inputs || piece.skip + j + 1 >= prompt);
     }
-    at += n;
-  }
-  for (std::int64_t p = 0; p + 1 < at; ++p) {
-    if (segment[p + 1] != segment[p]) continue;
-    keep[p] = !mask_inputs || index[static_cast<std::size_t>(p + 1)] >= sources_[static_cast<std::size_t>(segment[p])];
+    at += piece.n;
   }
 }
 

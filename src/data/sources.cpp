@@ -597,8 +597,9 @@ std::string decode_record(const std::string& path, file_format fmt, const record
 namespace {
 
 // Upstream SingleTurnChatProcessor: the content of the first message with role "user" and of the first with role
-// "assistant" (wherever they are in the list).
-std::string first_turn(const std::string& where, const record& r, const std::string& field, std::string& text) {
+// "assistant" (wherever they are in the list); sft's chat data names the two roles.
+std::string first_turn(const std::string& where, const record& r, const source_options& src, std::string& text) {
+  const std::string& field = src.messages_field;
   if (io::json_depth(r.bytes, 64) > 64) return where + ": the record is nested deeper than 64 levels";
   const auto j = nlohmann::json::parse(r.bytes, nullptr, false);
   if (j.is_discarded()) return where + ": malformed JSON line (each line must be one JSON object)";
@@ -606,7 +607,7 @@ std::string first_turn(const std::string& where, const record& r, const std::str
   if (!j.contains(field) || !j[field].is_array())
     return where + ": no list of messages in field '" + field + "' (set the format's messages_field)";
   nlohmann::json pair = nlohmann::json::array();
-  for (const char* role : {"user", "assistant"}) {
+  for (const std::string& role : {src.input_role, src.output_role}) {
     const auto& messages = j[field];
     const auto m = std::find_if(messages.begin(), messages.end(), [&](const nlohmann::json& x) {
       return x.is_object() && x.contains("role") && x["role"] == role;
@@ -631,7 +632,7 @@ std::string decode_document(const std::string& path, file_format fmt, const reco
     const std::string where = path + ":" + std::to_string(r.line);
     if (auto bad = find_invalid_utf8(r.bytes); bad != std::string_view::npos)
       return where + ": invalid UTF-8 at byte " + std::to_string(bad) + " of the line";
-    return first_turn(where, r, src.messages_field, text);
+    return first_turn(where, r, src, text);
   }
   nlohmann::json values = nlohmann::json::array();
   std::string v;

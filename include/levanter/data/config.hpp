@@ -50,6 +50,19 @@ struct CacheOptionsConfig {
     return -1;
   }
 };
+/// What the sft and sft_mixture programs (upstream main/sft.py, main/sft_mixture.py) set on the data they build; not
+/// a key of train_lm's `data:`. The datasets (sft's one, or sft_mixture's `configs` with `train_weights`) are read
+/// as upstream sft reads them: single-turn records (the first `input_role` and `output_role`
+/// messages, EOS appended to the response as upstream's legacy chat preprocessing does) or supervised records, then
+/// data::prompt_completion_options packing.
+struct SftDataOptions {
+  std::string input_role = "user", output_role = "assistant";
+  int64_t max_seq_len = 2048;  ///< upstream's model_max_length: rows are cut to it
+  int64_t epochs = 0;          ///< passes over the rows (upstream EpochDataset); 0: one, then the data ends
+  /// sft_mixture (data.configs set): the examples to pack for the run (its mixture of rows is endless)
+  int64_t examples = 0;
+};
+
 struct LmDataConfig {
   std::string tokenizer = "gpt2";
   std::optional<int64_t> vocab_size;
@@ -80,6 +93,7 @@ struct LmDataConfig {
   config::Opaque num_validation_sequences;  ///< {name: sequences}
   bool shuffle_before_trainval_split = true;
   std::optional<int64_t> shuffle_buffer_size;
+  std::optional<SftDataOptions> sft;  ///< set by the sft program (no YAML key)
 };
 
 /// Adds every problem of the `data:` section to `v` (keys under `data.`).

@@ -21,7 +21,9 @@
 #pragma once
 
 #include <cstdint>
+#include <haliax/random.hpp>
 #include <levanter/data/cache.hpp>
+#include <levanter/data/mixture.hpp>
 #include <levanter/data/tokenizer.hpp>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
@@ -69,41 +71,102 @@ struct supervised_format {
   /// Set for `format: {type: chat, single_turn: true}` (upstream SingleTurnChatProcessor): the records' messages
   /// field; the first user message is the input and the first assistant message the output.
   std::optional<std::string> messages_field;
+  /// The roles of the input and output messages (upstream sft's `input_role` / `output_role`; the chat format's
+  /// single_turn reads "user" and "assistant").
+  std::string input_role = "user", output_role = "assistant";
+  /// Upstream sft's chat rows (`preprocess_legacy_chat_template`): when the tokenizer does not end a text with its
+  /// EOS itself, the EOS token's text is appended to the output before tokenizing (its id, for a tokenizer whose EOS
+  /// has no text).
+  bool append_eos = false;
 
   std::int64_t max_segments() const { return pack ? 64 : 1; }
 };
 
+/// How upstream's sft program makes examples of a supervised cache (`create_prompt_completion_iterator` and
+/// `pack_prompt_completions` in main/sft.py and data/packing.py): the rows are read in the order of a Feistel
+/// permutation made with the data key (PermutationDataset), `epochs` times over when positive (EpochDataset; 0 reads
+/// them once); a row whose prompt has more than seq_len - 1 tokens is dropped, a longer row keeps its first
+/// min(seq_len, max_seq_len) tokens and is dropped when no response token is left; rows are packed first-fit into the
+/// oldest of at most `max_buffered` open examples, an example leaving when it holds `max_segments` rows or is the
+/// oldest of `max_buffered`, and the rest in order at the end. A row's segment id is its position in that stream.
+struct prompt_completion_options {
+  std::int64_t seq_len = 0;
+  std::int64_t max_seq_len = 0;  ///< the tokenizer's model_max_length (sft's max_seq_len): rows are cut to it
+  std::int64_t epochs = 0;
+  haliax::random::key key;
+  std::int64_t max_segments = 4, max_buffered = 16;  ///< sft's values
+  std::int32_t pad_id = 0;
+  /// sft_mixture: the rows of several caches, stream position i being row perm_d(k) of cache d for (d, k) =
+  /// mixture(i) (upstream MixtureDataset over PermutationDatasets made with the same key), endless; packing stops
+  /// after `examples` examples.
+  std::optional<mixture_index> mixture;
+  std::int64_t examples = 0;
+};
+
 /// The encode function of supervised rows (upstream SupervisedProcessor). Its document is the JSON array
-/// `[input, output]` that decode_record makes of a record with source_options::fields; it returns
-/// [sources_len, ids...] (the cache stores sources_len apart from the ids).
+/// `[input, output]` that decode_record makes of a record with source_options::fields (or messages_field); it returns
+/// [sources_len, ids...] (the cache stores sources_len apart from the ids). With `append_eos`, a tokenizer without
+/// an EOS is a data_error.
 encode_fn make_supervised_encode_fn(tokenizer tok, const supervised_format& f);
 
 /// The preprocessor metadata of a supervised cache (upstream SupervisedProcessor.metadata: tokenizer, vocab_size,
-/// input_field, output_field, separate_with; with tokenizer_hash and `format: supervised`), so a cache of text
-/// rows or of other fields is refused under it.
+/// input_field, output_field, separate_with; with tokenizer_hash and `format: supervised`, and the roles and
+/// append_eos when they are not the defaults), so a cache of text rows or of other fields is refused under it.
 nlohmann::json supervised_metadata(const tokenizer& tok, const supervised_format& f);
 
-/// The packed examples of a finished supervised cache (upstream GreedyPrepackedDataset with slice_strategy "right").
+/// One row's part of a packed example: `n` tokens of row `row` of cache `source` from its token `skip` on, under
+/// `segment`.
+struct packed_piece {
+  std::int64_t row = 0, skip = 0, n = 0;
+  std::int32_t segment = 0;
+  std::uint32_t source = 0;
+  bool operator==(const packed_piece&) const = default;
+};
+
+/// The packed examples of finished supervised caches: upstream GreedyPrepackedDataset with slice_strategy "right"
+/// (train_lm's supervised and chat data), or upstream sft's prompt-completion packing (prompt_completion_options).
 /// Row lengths and sources_len are read once; an example reads its rows' tokens.
 class packed_examples {
  public:
-  /// Waits for `cache` to finish. A cache without sources_len (text rows) is a data_error.
+  /// Greedy packing in cache order. Waits for `cache` to finish. A cache without sources_len (text rows) is a
+  /// data_error.
   packed_examples(std::shared_ptr<token_cache> cache, std::int64_t seq_len, std::int64_t max_segments);
+  /// Upstream sft's packing of one cache's rows, or (o.mixture) sft_mixture's of several. Waits for the caches to
+  /// finish; a cache without sources_len or without rows is a data_error.
+  packed_examples(std::vector<std::shared_ptr<token_cache>> caches, const prompt_completion_options& o);
+  packed_examples(std::shared_ptr<token_cache> cache, const prompt_completion_options& o)
+      : packed_examples(std::vector<std::shared_ptr<token_cache>>{std::move(cache)}, o) {}
 
-  std::int64_t size() const { return static_cast<std::int64_t>(packs_.size()); }
+  std::int64_t size() const { return static_cast<std::int64_t>(first_.size()) - 1; }
   std::int64_t seq_len() const { return seq_len_; }
+  /// The greedy packs' row ranges (empty for prompt-completion packing).
   const std::vector<doc_range>& packs() const { return packs_; }
+  /// The pieces of example `k`, in order.
+  std::span<const packed_piece> pieces(std::int64_t k) const;
+  /// Rows the prompt-completion packing dropped (a prompt too long, or nothing of the response left).
+  std::int64_t dropped_rows() const { return dropped_; }
 
-  /// Example `k`: seq_len tokens (padding 0), `keep` (the loss mask above; `mask_inputs` false trains every
-  /// position whose next token is in its row) and segment ids (row index, -1 for padding).
+  /// Example `k`: seq_len tokens (then the padding id: 0, or prompt_completion_options::pad_id), `keep` (the loss
+  /// mask above; `mask_inputs` false trains every position whose next token is in its row) and segment ids (row
+  /// index or stream position, -1 for padding).
   void example(std::int64_t k, bool mask_inputs, std::int32_t* tokens, std::uint8_t* keep, std::int32_t* segment) const;
 
  private:
-  std::shared_ptr<token_cache> cache_;
+  struct rows {
+    std::shared_ptr<token_cache> cache;
+    std::vector<std::int64_t> ends;  // row ends in tokens (exclusive)
+    std::vector<std::int32_t> sources;
+    std::int64_t begin(std::int64_t row) const { return row ? ends[static_cast<std::size_t>(row - 1)] : 0; }
+  };
+  static rows read_cache(std::shared_ptr<token_cache> cache);
+
+  std::vector<rows> src_;
   std::int64_t seq_len_;
-  std::vector<std::int64_t> ends_;  // row ends in tokens (exclusive)
-  std::vector<std::int32_t> sources_;
+  std::int32_t pad_id_ = 0;
   std::vector<doc_range> packs_;
+  std::vector<packed_piece> pieces_;
+  std::vector<std::int64_t> first_{0};  // example k is pieces_[first_[k], first_[k + 1])
+  std::int64_t dropped_ = 0;
 };
 
 }  // namespace levanter::data

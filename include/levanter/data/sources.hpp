@@ -41,6 +41,8 @@ struct source_options {
   /// Single-turn chat records (format: chat with single_turn): the field holding the OpenAI-style messages; the
   /// document is then the JSON array [first user message's content, first assistant message's content].
   std::string messages_field;
+  /// The roles whose first messages are the input and the output (upstream sft's input_role / output_role).
+  std::string input_role = "user", output_role = "assistant";
   /// Whether records are read as (input, output) pairs (`fields` or `messages_field`): supervised rows.
   bool pairs() const { return !fields.empty() || !messages_field.empty(); }
   bad_document_policy on_bad_document = bad_document_policy::stop;

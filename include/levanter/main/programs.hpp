@@ -17,6 +17,8 @@ int viz_logprobs_main(int argc, char** argv);
 int export_lm_to_hf_main(int argc, char** argv);
 int import_hf_to_lm_main(int argc, char** argv);
 int eval_lm_main(int argc, char** argv);
+int sft_main(int argc, char** argv);
+int sft_mixture_main(int argc, char** argv);
 
 /// OpenBLAS picks its kernels when it loads, from OPENBLAS_CORETYPE. Debian's build (and some images'
 /// OPENBLAS_CORETYPE=Haswell) runs AVX2 kernels on AVX-512 CPUs, at about half the sgemm rate. When the CPU has

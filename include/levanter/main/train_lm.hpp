@@ -151,6 +151,7 @@ struct train_lm_run {
       hf_init.emplace(hf::open_dir(*hf_path, "initialize_from_hf"));
       if (cfg.use_hf_model_config) {
         mc = hf::config_from_hf<M>(mc, *hf_init);
+        if (cfg.hf_seq_len) mc.seq_len = *cfg.hf_seq_len;
         // The run directory and every checkpoint record the architecture that trains, not the command line's model
         // section (which use_hf_model_config replaced): export_lm_to_hf, eval_lm and viz_logprobs read it there.
         TrainLmConfig recorded = cfg;

@@ -49,6 +49,9 @@ struct TrainLmConfig {
   int64_t eval_harness_steps = 10000;
   bool log_entropy = false;
   TrainVizConfig viz;
+  /// Set by the sft program, not a key: the sequence length that replaces the Hugging Face config's with
+  /// use_hf_model_config (upstream sft's max_seq_len).
+  std::optional<int64_t> hf_seq_len;
 };
 
 }  // namespace levanter
