@@ -1178,6 +1178,23 @@ TEST_CASE("sft: upstream's SFTConfig fine-tunes a Hugging Face model on single-t
   CHECK(resumed.start_step == 4);
   CHECK(loss_log(dir / "logs" / "sft-split" / "metrics.jsonl") == loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
 
+  // reinit_tokens re-draws rows before the first step (so the run differs); a token the tokenizer lacks is named.
+  auto reinit = sft_plan_of(dir, data + "epoch: 2\nreinit_tokens: [q, z]\nreinit_lm_head: false\n");
+  REQUIRE_MESSAGE(reinit.checked.errors.empty(), joined(reinit.checked.errors));
+  REQUIRE(reinit.train.reinit_tokens);
+  CHECK(reinit.train.reinit_tokens->tokens == std::vector<std::string>{"q", "z"});
+  CHECK_FALSE(reinit.train.reinit_tokens->lm_head);
+  reinit.train.trainer.id = "reinit";
+  reinit.train.trainer.num_train_steps = 2;
+  run_sft(reinit);
+  const auto first_two = logged_losses(dir / "logs" / "reinit" / "metrics.jsonl");
+  REQUIRE(first_two.size() == 2);
+  CHECK(first_two.front() != losses.front());
+  auto missing = sft_plan_of(dir, data + "reinit_tokens: [\"<|eot_id|>\"]\n");
+  missing.train.trainer.id = "reinit-missing";
+  CHECK_THROWS_WITH_AS(run_sft(missing), doctest::Contains("reinit_tokens: '<|eot_id|>' is not a token"),
+                       levanter::config::config_error);
+
   // epoch 0 reads the rows once and the run ends with them; supervised records (dataset_type huggingface, local
   // files) train the same way.
   auto once = sft_plan_of(dir, "dataset_type: huggingface\nsupervised_data: {cache_dir: \"" +
@@ -1210,10 +1227,10 @@ TEST_CASE("sft: config errors name sft's keys and what to do") {
   const auto both = errors_of("chat_train_urls: [a.jsonl]\nsupervised_data: {cache_dir: c}\n"
                               "initialize_from_hf: some/dir\ntrainer: {initialize_from: x}\n");
   CHECK(both.find("trainer.initialize_from") != std::string::npos);
-  const auto odd = errors_of("dataset_type: parquet\nsupervised_data: {cache_dir: c}\nreinit_tokens: true\n"
+  const auto odd = errors_of("dataset_type: parquet\nsupervised_data: {cache_dir: c}\nreinit_tokens: 3\n"
                              "trainer: {initialize_from: x}\nhf_save_path: out\n");
   CHECK(odd.find("unknown dataset type 'parquet'") != std::string::npos);
-  CHECK(odd.find("reinit_tokens") != std::string::npos);
+  CHECK_MESSAGE(odd.find("expected true, false or a list of tokens") != std::string::npos, odd);
   CHECK(odd.find("hf_save_steps: must be positive with hf_save_path") != std::string::npos);
   const auto remote = errors_of("chat_train_urls: [\"gs://bucket/x.jsonl\"]\nsupervised_data: {cache_dir: c}\n"
                                 "trainer: {initialize_from: x}\n");
@@ -1298,4 +1315,44 @@ TEST_CASE("sft_mixture: upstream's SFTMixtureConfig mixes two chat datasets' row
   unknown.replace(unknown.find("{tulu: 3, math: 1}"), 18, "{tulu: 3, code: 1}");
   CHECK(joined(plan_of(unknown).checked.errors).find("mixture_weights") != std::string::npos);
   fs::remove_all(dir);
+}
+
+TEST_CASE("sft: reinit_tokens re-draws exactly the listed rows, around each feature's mean and spread") {
+  levanter::Gpt2Config mc;
+  mc.seq_len = 16;
+  mc.hidden_dim = 32;
+  mc.num_heads = 2;
+  mc.num_layers = 1;
+  // (models share their buffers when copied: each is made afresh from the same key)
+  auto fresh = [&] { return G::init(mc, 64, haliax::random::make_key(1)); };
+  const auto model = fresh();
+  auto a = fresh(), b = fresh();
+  const std::vector<std::int32_t> ids{3, 40};
+  levanter::detail::reinit_token_rows(a, ids, haliax::random::make_key(7), true, true);
+  levanter::detail::reinit_token_rows(b, ids, haliax::random::make_key(7), true, true);
+  const auto before = model.embeddings.token_embeddings.weight.to_host(),
+             after = a.embeddings.token_embeddings.weight.to_host();
+  CHECK(after == b.embeddings.token_embeddings.weight.to_host());  // a function of the key
+  const std::size_t E = 32;
+  for (std::size_t e = 0; e < E; ++e) {
+    double mean = 0, var = 0;
+    for (std::size_t v = 0; v < 64; ++v) mean += before[v * E + e];
+    mean /= 64;
+    for (std::size_t v = 0; v < 64; ++v) var += (before[v * E + e] - mean) * (before[v * E + e] - mean);
+    const double sd = std::sqrt(var / 64);
+    for (std::size_t v = 0; v < 64; ++v) {
+      const bool listed = v == 3 || v == 40;
+      if (!listed) CHECK(after[v * E + e] == before[v * E + e]);
+      if (listed) {
+        CHECK(after[v * E + e] != before[v * E + e]);
+        CHECK(std::abs(after[v * E + e] - mean) <= 3 * sd + 1e-6);
+      }
+    }
+  }
+  auto c = fresh();  // another key, other rows
+  levanter::detail::reinit_token_rows(c, ids, haliax::random::make_key(8), true, true);
+  CHECK(c.embeddings.token_embeddings.weight.to_host() != after);
+  auto d = fresh();  // neither part: nothing changes
+  levanter::detail::reinit_token_rows(d, ids, haliax::random::make_key(7), false, false);
+  CHECK(d.embeddings.token_embeddings.weight.to_host() == before);
 }

@@ -90,7 +90,7 @@ std::string format_yaml(bool chat, const std::string& messages_field, const YAML
 
 // What SFTConfig and SFTMixtureConfig share: the model to start from, the tokenizer, the rows' reading, exports.
 template <class C>
-void plan_common(const C& cfg, config::validator& v, TrainLmConfig& t, bool chat) {
+void plan_common(const C& cfg, config::validator& v, TrainLmConfig& t, bool chat, bool mixture) {
   t.trainer = cfg.trainer;
   t.model = cfg.model;
   t.optimizer = cfg.optimizer;
@@ -137,11 +137,25 @@ void plan_common(const C& cfg, config::validator& v, TrainLmConfig& t, bool chat
   if (cfg.hf_save_steps > 0) t.hf_save_steps = cfg.hf_save_steps;
   if (cfg.reinit_tokens.set) {
     const YAML::Node r = YAML::Load(cfg.reinit_tokens.yaml);
-    const bool off = r.IsNull() || (r.IsScalar() && (r.Scalar() == "false" || r.Scalar() == "False")) ||
-                     (r.IsSequence() && r.size() == 0);
-    if (!off)
-      v.refuse("reinit_tokens", "re-drawing chosen tokens' embeddings is not supported yet",
-               "remove reinit_tokens (or set it to false)", cfg.reinit_tokens.where);
+    ReinitTokensSetting rs;
+    rs.embeddings = cfg.reinit_embeddings;
+    rs.lm_head = cfg.reinit_lm_head;
+    rs.mixture_key = mixture;
+    bool on = false;
+    if (r.IsScalar() && (r.Scalar() == "true" || r.Scalar() == "True")) {
+      // upstream's default list (Llama 3's chat tokens)
+      rs.tokens = {"<|finetune_right_pad_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>"};
+      on = true;
+    } else if (r.IsSequence() && r.size() > 0) {
+      for (const auto& x : r) rs.tokens.push_back(x.as<std::string>());
+      on = true;
+    } else if (!(r.IsNull() || (r.IsScalar() && (r.Scalar() == "false" || r.Scalar() == "False")) ||
+                 (r.IsSequence() && r.size() == 0))) {
+      v.error("reinit_tokens", "expected true, false or a list of tokens", cfg.reinit_tokens.where);
+    }
+    if (on && !rs.embeddings && !rs.lm_head)
+      v.note("reinit_tokens", "reinit_embeddings and reinit_lm_head are both false: nothing is re-drawn");
+    if (on) t.reinit_tokens = rs;
   }
 }
 
@@ -202,7 +216,7 @@ sft_plan plan_sft(const SftConfig& cfg, const config::source_map& sources) {
   config::validator v{sources, {}};
   TrainLmConfig t;
   const bool chat = cfg.dataset_type == "chat_jsonl";
-  plan_common(cfg, v, t, chat);
+  plan_common(cfg, v, t, chat, false);
   config::check_int(v, "epoch", cfg.epoch, 0, 1 << 20, "0 reads the rows once");
   t.data.sft->epochs = cfg.epoch;
 
@@ -253,7 +267,7 @@ sft_plan plan_sft_mixture(const SftMixtureConfig& cfg, const config::source_map&
   config::validator v{sources, {}};
   TrainLmConfig t;
   const bool chat = cfg.dataset_type == "chat_jsonl";
-  plan_common(cfg, v, t, chat);
+  plan_common(cfg, v, t, chat, true);
   t.epoch = 0;  // (train_lm refuses epochs with a mixture) exactly the run's examples are packed: they never run out
   if (cfg.stop_strategy != "restart")
     v.error("stop_strategy", "sft_mixture reads its mixture of rows without end (upstream starts it over when it "

@@ -128,7 +128,7 @@ struct levanter::config::schema<levanter::SftConfig> {
       field("output_role", &T::output_role, "the role whose first message is the response"),
       field("data_seed", &T::data_seed, "seed of the row order (default: from trainer.seed)"),
       field("epoch", &T::epoch, "passes over the rows (0: one, then training ends)"),
-      field("reinit_tokens", &T::reinit_tokens, "re-draw these tokens' embeddings (not supported yet)"),
+      field("reinit_tokens", &T::reinit_tokens, "true (Llama 3's chat tokens) or a list of tokens whose embedding rows are re-drawn at step 0"),
       field("reinit_lm_head", &T::reinit_lm_head, "with reinit_tokens: their output rows too"),
       field("reinit_embeddings", &T::reinit_embeddings, "with reinit_tokens: their input rows"));
 };
@@ -157,7 +157,7 @@ struct levanter::config::schema<levanter::SftMixtureConfig> {
       field("input_role", &T::input_role, "the role whose first message is the prompt"),
       field("output_role", &T::output_role, "the role whose first message is the response"),
       field("data_seed", &T::data_seed, "seed of the row order and the mixture (default: from trainer.seed)"),
-      field("reinit_tokens", &T::reinit_tokens, "re-draw these tokens' embeddings (not supported yet)"),
+      field("reinit_tokens", &T::reinit_tokens, "true (Llama 3's chat tokens) or a list of tokens whose embedding rows are re-drawn at step 0"),
       field("reinit_lm_head", &T::reinit_lm_head, "with reinit_tokens: their output rows too"),
       field("reinit_embeddings", &T::reinit_embeddings, "with reinit_tokens: their input rows"));
 };

@@ -14,6 +14,7 @@
 // directory (initialize_from_hf).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -56,6 +57,43 @@ std::string describe_run(std::string_view model_type, std::int64_t parameters, s
 }  // namespace detail
 
 namespace detail {
+
+/// Upstream sft's `reinitialize_some_tokens`: the rows `ids` of the token embeddings (`embeddings`) and of a separate
+/// LM head (`lm_head`; a tied head is the embeddings) are re-drawn as jax.random.truncated_normal(key_i, (ids, Embed),
+/// -3, 3) · std + mean, the mean and (population) standard deviation per embedding feature taken over the whole
+/// vocabulary before the change; key_0, key_1 = split(key) for the embeddings and the head.
+template <LmModel M>
+void reinit_token_rows(M& model, const std::vector<std::int32_t>& ids, haliax::random::key key, bool embeddings,
+                       bool lm_head) {
+  const auto [emb_key, head_key] = haliax::random::split(key);
+  const std::int64_t vocab = model.vocab_size();
+  haliax::tree::for_each_leaf(model, [&](const std::string& name, auto& leaf) {
+    const bool is_emb = name == "embeddings.token_embeddings.weight", is_head = name == "lm_head.weight";
+    if (!((is_emb && embeddings) || (is_head && lm_head))) return;
+    const std::int64_t n = leaf.element_count(), E = n / vocab;
+    const auto draws = haliax::random::truncated_normal(is_emb ? emb_key : head_key,
+                                                        static_cast<std::int64_t>(ids.size()) * Vocab, E * Embed,
+                                                        -3.0f, 3.0f)
+                           .to_host();
+    haliax::with_host_elements(leaf, 0, n, haliax::host_access::read_write, [&](float* w) {
+      std::vector<double> mean(static_cast<std::size_t>(E), 0.0), var(static_cast<std::size_t>(E), 0.0);
+      for (std::int64_t v = 0; v < vocab; ++v)
+        for (std::int64_t e = 0; e < E; ++e) mean[static_cast<std::size_t>(e)] += w[v * E + e];
+      for (auto& m : mean) m /= static_cast<double>(vocab);
+      for (std::int64_t v = 0; v < vocab; ++v)
+        for (std::int64_t e = 0; e < E; ++e) {
+          const double d = w[v * E + e] - mean[static_cast<std::size_t>(e)];
+          var[static_cast<std::size_t>(e)] += d * d;
+        }
+      for (std::size_t j = 0; j < ids.size(); ++j)
+        for (std::int64_t e = 0; e < E; ++e) {
+          const auto ue = static_cast<std::size_t>(e);
+          const float sd = static_cast<float>(std::sqrt(var[ue] / static_cast<double>(vocab)));
+          w[ids[j] * E + e] = draws[j * static_cast<std::size_t>(E) + ue] * sd + static_cast<float>(mean[ue]);
+        }
+    });
+  });
+}
 
 /// What one `train_lm` run is made of, built in this order: the model config (replaced by a Hugging Face
 /// config.json with use_hf_model_config), the run directory and trackers, the data, the Trainer with the model and
@@ -113,6 +151,22 @@ struct train_lm_run {
     auto opt = trainer->make_optimizer(cfg.optimizer, fresh);
     state = trainer->initial_state(std::move(fresh), std::move(opt), training_key);
     if (!trainer->resumed_from()) initialize_model();
+    if (cfg.reinit_tokens && state.step == 0) {  // upstream sft: only when the run starts at step 0
+      const auto& r = *cfg.reinit_tokens;
+      std::vector<std::int32_t> ids;
+      for (const auto& name : r.tokens) {
+        const auto id = tok.token_to_id(name);
+        if (!id || *id >= vocab)
+          throw config::config_error("reinit_tokens: '" + name + "' is not a token of the tokenizer (" + tok.name() +
+                                     "); list tokens as the vocabulary writes them");
+        ids.push_back(*id);
+      }
+      const auto reinit_key = r.mixture_key ? keys[1] : haliax::random::split(training_key).second;
+      detail::reinit_token_rows(state.model, ids, reinit_key, r.embeddings, r.lm_head);
+      log("reinit_tokens: re-drew the rows of " + std::to_string(ids.size()) + " tokens" +
+          (r.embeddings ? " in the embeddings" : "") + (r.embeddings && r.lm_head ? " and" : "") +
+          (r.lm_head ? " in the LM head" : ""));
+    }
     if (!run->id_given())
       log("to resume this run after an interruption, run it again with --trainer.id " + run->id());
   }

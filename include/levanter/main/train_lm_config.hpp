@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 #include <variant>
+#include <vector>
 
 #include <levanter/config/cli.hpp>
 #include <levanter/config/types.hpp>
@@ -27,6 +28,13 @@ struct TrainVizConfig {
   int64_t num_docs = 8;                  ///< validation windows shown
   std::optional<std::string> path;       ///< default: <run dir>/logprobs.html
   std::optional<int64_t> data_seed = 0;  ///< which windows: a permutation of them with this seed (null: the first)
+};
+
+/// Set by the sft programs, not a key: upstream sft's `reinit_tokens` (re-drawn embedding / head rows at step 0).
+struct ReinitTokensSetting {
+  std::vector<std::string> tokens;
+  bool embeddings = true, lm_head = true;
+  bool mixture_key = false;  ///< sft_mixture draws with the second key of the seed's split, sft with split(training)
 };
 
 // ---- train_lm ------------------------------------------------------------------------------------------------
@@ -52,6 +60,7 @@ struct TrainLmConfig {
   /// Set by the sft program, not a key: the sequence length that replaces the Hugging Face config's with
   /// use_hf_model_config (upstream sft's max_seq_len).
   std::optional<int64_t> hf_seq_len;
+  std::optional<ReinitTokensSetting> reinit_tokens;  ///< set by the sft programs, not a key
 };
 
 }  // namespace levanter
