@@ -5,6 +5,13 @@
 //   read       gunzip + line split only (the reader thread's share)
 //   parse      gunzip + line split + JSON parse + UTF-8 check, serial (read_documents)
 //   build      open_or_build_cache until finished (arguments: threads, fsync at each commit)
+//   sft_rows   single-turn chats (a system, a user and an assistant message each; LEVANTER_BENCH_CHAT_DOCS records,
+//              default 20000, plain JSON lines) into an sft cache: JSON parse, the roles' first messages, EOS appended,
+//              prompt and prompt + response tokenized (the GPT-2 style BPE), written (argument: threads)
+//   sft_pack   that cache's rows permuted and packed as upstream sft packs them into examples of 1024 tokens
+//
+// tests/oracle/bench_sft_data_py.py runs upstream Levanter's own code for sft_rows and sft_pack on the same file
+// (docs/benchmarks.md has both side by side).
 //
 // Counters: MB_per_s (uncompressed JSON-lines bytes / wall time), Mtokens_per_s. Set LEVANTER_BENCH_DIR to put the
 // files on another disk; LEVANTER_BENCH_CACHE_MB changes the corpus size (default 100).
@@ -19,6 +26,7 @@
 #include <vector>
 
 #include <levanter/data/cache.hpp>
+#include <levanter/data/packing.hpp>
 #include <levanter/data/permutation.hpp>
 #include <levanter/data/tokenizer.hpp>
 #include <nlohmann/json.hpp>
@@ -185,6 +193,105 @@ void BM_load_batch(benchmark::State& st) {
   st.counters["windows"] = static_cast<double>(n);
 }
 
+
+// Single-turn chat records of English-like text, made once: {"messages": [system, user, assistant]}.
+const std::string& the_chat_corpus() {
+  static std::string path = [] {
+    const char* v = std::getenv("LEVANTER_BENCH_CHAT_DOCS");
+    const std::int64_t docs = v ? std::max<std::int64_t>(1, std::atoll(v)) : 20000;
+    const fs::path dir = bench_dir();
+    fs::create_directories(dir);
+    const fs::path p = dir / ("chat-" + std::to_string(docs) + ".jsonl");
+    if (fs::exists(p)) return p.string();
+    static const char* words[] = {"the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "model", "token",
+                                  "answer", "question", "why", "how", "because", "train", "data", "café", "2024"};
+    const std::size_t nwords = sizeof(words) / sizeof(words[0]);
+    std::uint64_t x = 777;
+    auto text = [&](std::size_t lo, std::size_t span) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const std::size_t nw = lo + (x >> 33) % span;
+      std::string t;
+      for (std::size_t i = 0; i < nw; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        if (i) t += ' ';
+        t += words[(x >> 33) % nwords];
+      }
+      return t;
+    };
+    std::ofstream out(p.string() + ".tmp");
+    for (std::int64_t i = 0; i < docs; ++i)
+      out << nlohmann::json{{"messages", nlohmann::json::array({{{"role", "system"}, {"content", "Be helpful."}},
+                                                               {{"role", "user"}, {"content", text(10, 150)}},
+                                                               {{"role", "assistant"}, {"content", text(20, 300)}}})}}
+                 .dump()
+          << "\n";
+    out.close();
+    fs::rename(p.string() + ".tmp", p);
+    return p.string();
+  }();
+  return path;
+}
+
+std::shared_ptr<data::token_cache> build_sft_cache(const fs::path& dir, int threads) {
+  data::supervised_format f;
+  f.messages_field = "messages";
+  f.append_eos = true;
+  data::source_options src;
+  src.messages_field = "messages";
+  data::cache_options o;
+  o.num_threads = threads;
+  auto cache = data::open_or_build_cache(dir.string(), {the_chat_corpus()}, src,
+                                         data::make_supervised_encode_fn(bpe(), f), data::supervised_metadata(bpe(), f), o);
+  cache->total_tokens();
+  return cache;
+}
+
+void BM_sft_rows(benchmark::State& st) {
+  the_chat_corpus();
+  std::int64_t tokens = 0, docs = 0;
+  for (auto _ : st) {
+    st.PauseTiming();
+    const fs::path dir = bench_dir() / ("sft-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    st.ResumeTiming();
+    auto cache = build_sft_cache(dir, static_cast<int>(st.range(0)));
+    tokens = cache->total_tokens();
+    docs = cache->committed_docs();
+    st.PauseTiming();
+    cache.reset();
+    fs::remove_all(dir);
+    st.ResumeTiming();
+  }
+  st.counters["docs_per_s"] = benchmark::Counter(static_cast<double>(docs), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["Mtokens_per_s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["docs"] = static_cast<double>(docs);
+  st.counters["threads"] = static_cast<double>(st.range(0));
+}
+
+void BM_sft_pack(benchmark::State& st) {
+  const auto cache = build_sft_cache(bench_dir() / "sft-pack", 2);
+  data::prompt_completion_options o;
+  o.seq_len = 1024;
+  o.max_seq_len = 1024;
+  o.key = haliax::random::make_key(0);
+  std::int64_t examples = 0, tokens = 0;
+  std::vector<std::int32_t> toks(1024), seg(1024);
+  std::vector<std::uint8_t> keep(1024);
+  for (auto _ : st) {
+    const data::packed_examples packs(cache, o);
+    examples = packs.size();
+    tokens = 0;
+    for (std::int64_t k = 0; k < examples; ++k) {  // and every example made, as the loader makes them
+      packs.example(k, true, toks.data(), keep.data(), seg.data());
+      for (const auto& p : packs.pieces(k)) tokens += p.n;
+    }
+  }
+  st.counters["docs_per_s"] = benchmark::Counter(static_cast<double>(cache->committed_docs()),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["Mtokens_per_s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["examples"] = static_cast<double>(examples);
+}
+
 }  // namespace
 
 BENCHMARK(BM_load_batch)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -192,6 +299,8 @@ BENCHMARK(BM_read)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_parse)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_build<false>)->Name("BM_build/byte")->Args({1, 1})->Args({2, 1})->Args({2, 0})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_build<true>)->Name("BM_build/gpt2_style")->Args({1, 1})->Args({2, 1})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_sft_rows)->Arg(1)->Arg(2)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_sft_pack)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 int main(int argc, char** argv) {
   benchmark::AddCustomContext("hardware_concurrency", std::to_string(std::thread::hardware_concurrency()));

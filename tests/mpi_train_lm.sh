@@ -17,7 +17,8 @@
 #    resumes to bitwise the losses of an uninterrupted run;
 #  - four ranks opening one new token cache build it once (the others wait) and train;
 #  - epoch: 2 ends the run where the data ends, at the same step on 1 process and 2 ranks (ZeRO-1), bitwise;
-#  - supervised data (packed records, loss on the responses) trains bitwise alike on 1 process and 2 ranks.
+#  - supervised data (packed records, loss on the responses) trains bitwise alike on 1 process and 2 ranks, and so
+#    does the sft program (single-turn chats, sft's packing, from a Hugging Face export).
 # Usage: mpi_train_lm.sh TRAIN_LM MPIEXEC WORK_DIR
 set -euo pipefail
 train_lm=$(realpath "$1")
@@ -256,3 +257,25 @@ runn 2 --trainer.id sft2 "${sft[@]}" > sft2.out 2>&1 || { cat sft2.out; fail "su
 grep -q "160 records packed into" sft1.out || { cat sft1.out; fail "the supervised records were not packed"; }
 same_run sft1 sft2 8
 echo "OK: supervised data trains bitwise alike on 1 process and 2 ranks (ZeRO-1)"
+
+# sft (docs/sft.md) on 2 ranks (ZeRO-1) equals one process, bitwise: every rank reads the same permuted rows and packs
+# the same examples. The model to fine-tune is a Hugging Face export of a short train_lm run (the embedded default's
+# architecture: max_seq_len is its 128 positions).
+sft_bin="$(dirname "$train_lm")/sft"
+run1 --trainer.id base "${sft[@]}" --hf_save_path hf --hf_save_steps 4 > base.out 2>&1 ||
+  { cat base.out; fail "the run to fine-tune failed"; }
+[ -f hf/base/step-7/config.json ] || { cat base.out; fail "no Hugging Face export to fine-tune"; }
+for i in $(seq 1 120); do
+  printf '{"messages": [{"role": "user", "content": "Q%d: what follows %d?"}, {"role": "assistant", "content": "%d."}]}\n' \
+    "$i" "$i" $((i + 1))
+done > chats.jsonl
+chat=(--tokenizer byte --chat_train_urls '["chats.jsonl"]' --supervised_data '{cache_dir: chatcache}'
+      --initialize_from_hf hf/base/step-7 --max_seq_len 128 --epoch 9 --trainer.per_device_parallelism 8
+      --trainer.shard_parameters false)
+timeout 300 "$sft_bin" "${common[@]}" --trainer.id chat1 "${chat[@]}" > chat1.out 2>&1 ||
+  { cat chat1.out; fail "sft on one process failed"; }
+timeout 300 "${mpi[@]}" -n 2 "$sft_bin" "${common[@]}" --trainer.id chat2 "${chat[@]}" > chat2.out 2>&1 ||
+  { cat chat2.out; fail "sft on 2 ranks failed"; }
+grep -q "120 records, 9 epochs, packed into" chat1.out || { cat chat1.out; fail "sft did not pack its rows"; }
+same_run chat1 chat2 8
+echo "OK: sft trains bitwise alike on 1 process and 2 ranks (ZeRO-1)"

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +62,31 @@ std::shared_ptr<ld::token_cache> golden_cache(const fs::path& dir, const std::ve
                                    {{"tokenizer", "golden"}, {"vocab_size", 300}, {"format", "supervised"}}, quiet());
   c->total_tokens();
   return c;
+}
+
+// Every example of `packs` against the golden ones (tokens, segment ids, loss mask); returns the trained positions.
+int check_examples(const ld::packed_examples& packs, const nlohmann::json& golden_packs) {
+  REQUIRE(packs.size() == static_cast<std::int64_t>(golden_packs.size()));
+  const auto L = static_cast<std::size_t>(packs.seq_len());
+  std::vector<std::int32_t> tokens(L), seg(L);
+  std::vector<std::uint8_t> keep(L);
+  int trained = 0;
+  for (std::int64_t k = 0; k < packs.size(); ++k) {
+    const auto& want = golden_packs[static_cast<std::size_t>(k)];
+    packs.example(k, true, tokens.data(), keep.data(), seg.data());
+    CHECK(tokens == want["tokens"].get<std::vector<std::int32_t>>());
+    CHECK(seg == want["segment_ids"].get<std::vector<std::int32_t>>());
+    CHECK(std::vector<int>(keep.begin(), keep.end()) == want["loss_mask"].get<std::vector<int>>());
+    trained += static_cast<int>(std::count(keep.begin(), keep.end(), 1));
+  }
+  return trained;
+}
+
+nlohmann::json load_sft_golden() {
+  const std::string path = std::string(HALIAX_GOLDEN_DIR) + "/packing/sft.json";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot open " << path);
+  return nlohmann::json::parse(in);
 }
 
 }  // namespace
@@ -196,10 +222,7 @@ TEST_CASE("supervised caches: missing fields name file, line and field, and text
 }
 
 TEST_CASE("sft packing: the examples of upstream sft's permutation, epochs, cuts and prompt-completion packing") {
-  const std::string path = std::string(HALIAX_GOLDEN_DIR) + "/packing/sft.json";
-  std::ifstream in(path);
-  REQUIRE_MESSAGE(in.good(), "cannot open " << path);
-  const auto golden = nlohmann::json::parse(in);
+  const auto golden = load_sft_golden();
   const auto dir = train_helpers::temp_dir("levanter_test_packing", "sft");
   int compared = 0, trained = 0, epochs_seen = 0, cut_seen = 0;
   std::int64_t dropped = 0;
@@ -216,23 +239,11 @@ TEST_CASE("sft packing: the examples of upstream sft's permutation, epochs, cuts
     o.pad_id = e["pad"].get<std::int32_t>();
     const ld::packed_examples packs(cache, o);
     CAPTURE(case_no);
-    REQUIRE(packs.size() == static_cast<std::int64_t>(e["packs"].size()));
     epochs_seen += o.epochs > 1;
     cut_seen += o.max_seq_len < o.seq_len;
     dropped += packs.dropped_rows();
-    const auto L = static_cast<std::size_t>(o.seq_len);
-    std::vector<std::int32_t> tokens(L), seg(L);
-    std::vector<std::uint8_t> keep(L);
-    for (std::int64_t k = 0; k < packs.size(); ++k) {
-      const auto& want = e["packs"][static_cast<std::size_t>(k)];
-      packs.example(k, true, tokens.data(), keep.data(), seg.data());
-      CHECK(tokens == want["tokens"].get<std::vector<std::int32_t>>());
-      CHECK(seg == want["segment_ids"].get<std::vector<std::int32_t>>());
-      const auto mask = want["loss_mask"].get<std::vector<int>>();
-      CHECK(std::vector<int>(keep.begin(), keep.end()) == mask);
-      trained += static_cast<int>(std::count(keep.begin(), keep.end(), 1));
-      ++compared;
-    }
+    trained += check_examples(packs, e["packs"]);
+    compared += static_cast<int>(packs.size());
   }
   CHECK(compared > 200);
   CHECK(trained > 4000);
@@ -289,10 +300,7 @@ TEST_CASE("sft rows: the roles sft names, and EOS after the response when the to
 }
 
 TEST_CASE("sft_mixture packing: the first examples of upstream sft_mixture's mixture of permuted rows") {
-  const std::string path = std::string(HALIAX_GOLDEN_DIR) + "/packing/sft.json";
-  std::ifstream in(path);
-  REQUIRE_MESSAGE(in.good(), "cannot open " << path);
-  const auto golden = nlohmann::json::parse(in);
+  const auto golden = load_sft_golden();
   const auto dir = train_helpers::temp_dir("levanter_test_packing", "sft_mixture");
   int compared = 0, trained = 0;
   std::size_t case_no = 0;
@@ -319,21 +327,50 @@ TEST_CASE("sft_mixture packing: the first examples of upstream sft_mixture's mix
                       ld::stop_strategy::restart);
     const ld::packed_examples packs(caches, o);
     CAPTURE(case_no);
-    REQUIRE(packs.size() == o.examples);
-    const auto L = static_cast<std::size_t>(o.seq_len);
-    std::vector<std::int32_t> tokens(L), seg(L);
-    std::vector<std::uint8_t> keep(L);
-    for (std::int64_t k = 0; k < packs.size(); ++k) {
-      const auto& want = e["packs"][static_cast<std::size_t>(k)];
-      packs.example(k, true, tokens.data(), keep.data(), seg.data());
-      CHECK(tokens == want["tokens"].get<std::vector<std::int32_t>>());
-      CHECK(seg == want["segment_ids"].get<std::vector<std::int32_t>>());
-      CHECK(std::vector<int>(keep.begin(), keep.end()) == want["loss_mask"].get<std::vector<int>>());
-      trained += static_cast<int>(std::count(keep.begin(), keep.end(), 1));
-      ++compared;
-    }
+    trained += check_examples(packs, e["packs"]);
+    compared += static_cast<int>(packs.size());
   }
   CHECK(compared == 240);
   CHECK(trained > 2000);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("text packing: whole documents, long ones in seq_len pieces, the loss within each document") {
+  const auto dir = train_helpers::temp_dir("levanter_test_packing", "text");
+  fs::create_directories(dir);
+  const std::vector<int> lengths{3, 10, 4, 4, 25, 1, 7};
+  {
+    std::ofstream out(dir / "docs.jsonl");
+    for (std::size_t i = 0; i < lengths.size(); ++i)
+      out << "{\"text\": \"" << std::string(static_cast<std::size_t>(lengths[i]), static_cast<char>('a' + i)) << "\"}\n";
+  }
+  const auto tok = ld::tokenizer::byte_level();
+  auto cache = ld::open_or_build_cache((dir / "c").string(), {(dir / "docs.jsonl").string()}, {},
+                                       ld::make_encode_fn(tok, false, false), ld::tokenizer_metadata(tok, false, false),
+                                       quiet());
+  const auto packs = ld::packed_examples::documents(cache, 8, 2);
+  // (row, first token, tokens) of each example's pieces
+  const std::vector<std::vector<std::array<std::int64_t, 3>>> want = {
+      {{1, 0, 8}}, {{0, 0, 3}, {1, 8, 2}}, {{4, 0, 8}}, {{4, 8, 8}}, {{4, 16, 8}}, {{2, 0, 4}, {3, 0, 4}},
+      {{4, 24, 1}, {5, 0, 1}}, {{6, 0, 7}}};
+  REQUIRE(packs.size() == static_cast<std::int64_t>(want.size()));
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    const auto got = packs.pieces(static_cast<std::int64_t>(k));
+    REQUIRE(got.size() == want[k].size());
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      CHECK(got[j].row == want[k][j][0]);
+      CHECK(got[j].skip == want[k][j][1]);
+      CHECK(got[j].n == want[k][j][2]);
+      CHECK(got[j].segment == got[j].row);
+    }
+  }
+  std::vector<std::int32_t> tokens(8), seg(8);
+  std::vector<std::uint8_t> keep(8);
+  packs.example(1, false, tokens.data(), keep.data(), seg.data());
+  CHECK(tokens == std::vector<std::int32_t>{'a', 'a', 'a', 'b', 'b', 0, 0, 0});
+  CHECK(seg == std::vector<std::int32_t>{0, 0, 0, 1, 1, -1, -1, -1});
+  CHECK(std::vector<int>(keep.begin(), keep.end()) == std::vector<int>{1, 1, 0, 1, 0, 0, 0, 0});
+  packs.example(2, false, tokens.data(), keep.data(), seg.data());
+  CHECK(std::vector<int>(keep.begin(), keep.end()) == std::vector<int>{1, 1, 1, 1, 1, 1, 1, 0});
   fs::remove_all(dir);
 }

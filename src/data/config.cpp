@@ -21,7 +21,7 @@ using config::detail::join_index;
 using config::url_scheme;
 
 namespace {
-// A `format:` (the dataset's, or a mixture component's): `type: text` with an optional `text_key`, `type:
+// A `format:` (the dataset's, or a mixture component's): `type: text` with an optional `text_key` and `pack`, `type:
 // supervised` with upstream's keys, or `type: chat` with `single_turn: true` (upstream reads those as supervised
 // pairs); multi-turn chat is refused until chat templates exist (never read as plain text).
 void check_format(config::validator& v, const std::string& key, const YAML::Node& f, const std::string& where) {
@@ -48,7 +48,7 @@ void check_format(config::validator& v, const std::string& key, const YAML::Node
     v.error(key + ".chat_template", "chat templates are not supported for single-turn chat (as upstream)", where);
   if (!f.IsMap()) return;
   const std::map<std::string, std::vector<std::string>> keys = {
-      {"text", {"text_key"}},
+      {"text", {"text_key", "pack"}},
       {"supervised", {"input_field", "output_field", "separate_with", "pack", "mask_inputs"}},
       {"chat", {"messages_field", "single_turn", "chat_template", "pack", "mask_user_turns"}}};
   const auto& allowed = keys.at(type);

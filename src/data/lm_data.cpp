@@ -33,6 +33,7 @@ void read_format(const YAML::Node& f, const std::string& key, dataset_spec& s) {
   const std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
   if (type == "text") {
     if (f.IsMap() && f["text_key"]) s.text_key = f["text_key"].as<std::string>();
+    if (f.IsMap() && f["pack"]) s.text_pack = f["pack"].as<bool>();
     return;
   }
   supervised_format sf;
@@ -284,7 +285,14 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
   auto open = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {
     auto c = open_cache(s, urls, split);
     const auto dir = c->dir();
-    if (!s.supervised) return std::make_shared<cache_windows>(std::move(c), o.seq_len);
+    if (!s.supervised && !s.text_pack) return std::make_shared<cache_windows>(std::move(c), o.seq_len);
+    if (!s.supervised) {  // format: {type: text, pack: true}: whole documents packed (ours; see docs/data.md)
+      if (!c->finished()) log("waiting for the cache " + dir + " to be complete (its documents are packed)");
+      auto packs = std::make_shared<const packed_examples>(packed_examples::documents(c, o.seq_len, 64));
+      log("text " + dir + ": " + std::to_string(c->committed_docs()) + " documents packed into " +
+          std::to_string(packs->size()) + " examples of " + std::to_string(o.seq_len) + " tokens");
+      return std::make_shared<cache_windows>(std::move(packs), std::move(c), false);
+    }
     // Supervised rows are packed from the whole cache (as upstream's SupervisedDataset, which awaits it).
     if (!c->finished()) log("waiting for the cache " + dir + " to be complete (supervised rows are packed from all of it)");
     if (d.sft) {

@@ -190,6 +190,44 @@ packed_examples::packed_examples(std::vector<std::shared_ptr<token_cache>> cache
   }
 }
 
+packed_examples packed_examples::documents(std::shared_ptr<token_cache> cache, std::int64_t seq_len,
+                                           std::int64_t max_segments) {
+  if (seq_len <= 0 || max_segments <= 0) throw data_error("packing documents needs a positive seq_len and max_segments");
+  packed_examples p;
+  p.seq_len_ = seq_len;
+  cache->total_tokens();  // waits for the build: documents are packed from all of it
+  rows r;
+  r.ends = cache->row_ends();
+  r.cache = std::move(cache);
+  std::vector<packed_piece> open;
+  std::int64_t tokens = 0;
+  auto emit = [&](std::vector<packed_piece>& pieces) {
+    if (pieces.empty()) return;
+    p.pieces_.insert(p.pieces_.end(), pieces.begin(), pieces.end());
+    p.first_.push_back(static_cast<std::int64_t>(p.pieces_.size()));
+    pieces.clear();
+  };
+  for (std::int64_t row = 0; row < static_cast<std::int64_t>(r.ends.size()); ++row) {
+    const std::int64_t len = r.ends[static_cast<std::size_t>(row)] - r.begin(row);
+    std::int64_t off = 0;
+    for (; len - off > seq_len; off += seq_len) {  // whole examples of a long document
+      std::vector<packed_piece> one{{row, off, seq_len, static_cast<std::int32_t>(row), 0}};
+      emit(one);
+    }
+    const std::int64_t n = len - off;
+    if (n == 0) continue;
+    if (tokens + n > seq_len || static_cast<std::int64_t>(open.size()) >= max_segments) {
+      emit(open);
+      tokens = 0;
+    }
+    open.push_back({row, off, n, static_cast<std::int32_t>(row), 0});
+    tokens += n;
+  }
+  emit(open);
+  p.src_.push_back(std::move(r));
+  return p;
+}
+
 std::span<const packed_piece> packed_examples::pieces(std::int64_t k) const {
   if (k < 0 || k >= size()) throw std::out_of_range("packed example " + std::to_string(k) + " of " + std::to_string(size()));
   const auto b = static_cast<std::size_t>(first_[static_cast<std::size_t>(k)]),
@@ -206,7 +244,7 @@ void packed_examples::example(std::int64_t k, bool mask_inputs, std::int32_t* to
   for (const auto& piece : pieces(k)) {
     const auto& r = src_[piece.source];
     r.cache->read_tokens(r.begin(piece.row) + piece.skip, piece.n, tokens + at);
-    const std::int64_t prompt = r.sources[static_cast<std::size_t>(piece.row)];
+    const std::int64_t prompt = r.sources.empty() ? 0 : r.sources[static_cast<std::size_t>(piece.row)];
     for (std::int64_t j = 0; j < piece.n; ++j) {
       segment[at + j] = piece.segment;
       // position at + j predicts token j + 1 of the piece, which is token skip + j + 1 of its row

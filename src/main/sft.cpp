@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include <levanter/distributed/comm.hpp>
+#include <levanter/main/model_loading.hpp>
 #include <levanter/main/programs.hpp>
 #include <levanter/main/train_lm.hpp>
 #include <levanter/trainer/run.hpp>
@@ -122,7 +123,18 @@ void plan_common(const C& cfg, config::validator& v, TrainLmConfig& t, bool chat
   } else if (const auto* s = std::get_if<std::string>(&cfg.initialize_from_hf)) {
     t.initialize_from_hf = *s;
   }
-  if (std::holds_alternative<std::string>(t.initialize_from_hf)) {
+  if (const auto* dir = std::get_if<std::string>(&t.initialize_from_hf)) {
+    // As upstream's converter: the checkpoint's config.json says what model it is (the `model:` section is replaced).
+    if (std::filesystem::is_directory(*dir)) {
+      try {
+        t.model = model_choice_for_hf(hf::open_dir(*dir, "initialize_from_hf"));
+      } catch (const hf::error& e) {
+        v.error("initialize_from_hf", e.what());
+      }
+    } else if (config::url_scheme(*dir).empty() && !std::get_if<bool>(&cfg.initialize_from_hf)) {
+      v.error("initialize_from_hf", "'" + *dir + "' is not a local directory (a Hugging Face checkpoint: config.json "
+                                               "and safetensors)");
+    }
     t.use_hf_model_config = true;
     t.hf_seq_len = cfg.max_seq_len;
     if (cfg.trainer.initialize_from)

@@ -38,6 +38,7 @@ struct dataset_spec {
   std::string cache_dir;          ///< holds `train/` and `validation/`
   std::vector<std::string> tags;  ///< extra eval tags (upstream `tags`)
   std::optional<std::string> text_key;  ///< the component's `format: {type: text, text_key}`; unset: data's
+  bool text_pack = false;  ///< `format: {type: text, pack: true}`: whole documents packed with segment ids
   std::optional<supervised_format> supervised;  ///< `format: {type: supervised, ...}`: packed supervised examples
 };
 

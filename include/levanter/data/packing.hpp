@@ -136,6 +136,11 @@ class packed_examples {
   packed_examples(std::vector<std::shared_ptr<token_cache>> caches, const prompt_completion_options& o);
   packed_examples(std::shared_ptr<token_cache> cache, const prompt_completion_options& o)
       : packed_examples(std::vector<std::shared_ptr<token_cache>>{std::move(cache)}, o) {}
+  /// `format: {type: text, pack: true}` (ours: no upstream release packs text): the documents (rows) of a finished
+  /// text cache, greedily and whole in cache order, at most `max_segments` per example; a document longer than
+  /// seq_len gives examples of seq_len of its tokens each, and its remainder is packed as a document. Segment ids
+  /// are document indices; `example(k, false, ...)` trains every position whose next token is in its document.
+  static packed_examples documents(std::shared_ptr<token_cache> cache, std::int64_t seq_len, std::int64_t max_segments);
 
   std::int64_t size() const { return static_cast<std::int64_t>(first_.size()) - 1; }
   std::int64_t seq_len() const { return seq_len_; }
@@ -152,6 +157,7 @@ class packed_examples {
   void example(std::int64_t k, bool mask_inputs, std::int32_t* tokens, std::uint8_t* keep, std::int32_t* segment) const;
 
  private:
+  packed_examples() = default;
   struct rows {
     std::shared_ptr<token_cache> cache;
     std::vector<std::int64_t> ends;  // row ends in tokens (exclusive)
@@ -161,7 +167,7 @@ class packed_examples {
   static rows read_cache(std::shared_ptr<token_cache> cache);
 
   std::vector<rows> src_;
-  std::int64_t seq_len_;
+  std::int64_t seq_len_ = 0;
   std::int32_t pad_id_ = 0;
   std::vector<doc_range> packs_;
   std::vector<packed_piece> pieces_;
