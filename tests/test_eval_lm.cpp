@@ -310,3 +310,34 @@ TEST_CASE("eval_lm: a large batch evaluated in parts gives the loss of the whole
   for (std::int64_t rows : {1, 2, 3, 7, 100})
     CHECK(levanter::detail::chunked_loss(loss, rows)(ex) == doctest::Approx(whole).epsilon(1e-6));
 }
+
+TEST_CASE("eval_lm: a supervised run's checkpoint evaluates its packed responses as train_lm did") {
+  // The data section comes from the checkpoint with its format: eval_lm reads supervised records as packed rows
+  // with the loss on the responses (data::open_split), not as text.
+  auto dir = temp_dir("supervised");
+  for (const char* name : {"train.jsonl", "valid.jsonl"}) {
+    std::ofstream out(dir / name);
+    for (int i = 0; i < (name[0] == 't' ? 60 : 16); ++i)
+      out << "{\"prompt\": \"what follows " << i << "?\", \"response\": \" " << i + 1 << "\"}\n";
+  }
+  const std::string yaml = "data:\n  train_urls: [\"" + (dir / "train.jsonl").string() + "\"]\n" +
+                           "  validation_urls: [\"" + (dir / "valid.jsonl").string() + "\"]\n" +
+                           "  format: {type: supervised}\n  tokenizer: byte\n  cache_dir: \"" +
+                           (dir / "cache").string() + "\"\n"
+                           "model: {type: gpt2, seq_len: 32, hidden_dim: 32, num_heads: 2, num_layers: 2}\n"
+                           "trainer:\n  num_train_steps: 4\n  train_batch_size: 4\n  steps_per_eval: 1000\n"
+                           "  max_eval_batches: 2\n  id: train\n  log_dir: \"" + (dir / "logs").string() + "\"\n" +
+                           "  checkpointer: {base_path: \"" + (dir / "checkpoints").string() + "\"}\n" +
+                           "optimizer: {learning_rate: 3e-3, warmup: 0.25}\n";
+  const char* argv[] = {"train_lm"};
+  auto parsed = levanter::config::parse_command_line<levanter::TrainLmConfig>(1, argv, yaml, "<test>");
+  std::ostringstream sink;
+  const auto res = levanter::run_train_lm<G>(parsed.config, *parsed.config.model.get_if<levanter::Gpt2Config>(),
+                                             parsed.resolved_yaml, sink);
+  REQUIRE(res.eval_loss.has_value());
+  const auto r = eval("checkpoint_path: \"" + (dir / "checkpoints" / "train").string() + "\"\n" +
+                      trainer_yaml(dir, "eval"));
+  REQUIRE(r.loss.has_value());
+  CHECK(*r.loss == *res.eval_loss);
+  fs::remove_all(dir);
+}

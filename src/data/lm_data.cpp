@@ -226,6 +226,71 @@ void apply_caps(const LmDataConfig& d, std::int64_t batch_size, const std::vecto
 
 }  // namespace
 
+std::shared_ptr<token_cache> open_split_cache(const LmDataConfig& d, const tokenizer& tok, const dataset_spec& s,
+                                              const std::vector<std::string>& urls, const char* split,
+                                              const std::function<void(const std::string&)>& log) {
+  source_options src;
+  src.text_key = d.text_key.value_or("text");
+  if (d.format.set) {
+    const YAML::Node f = YAML::Load(d.format.yaml);
+    if (f.IsMap() && f["text_key"]) src.text_key = f["text_key"].as<std::string>();
+  }
+  src.on_bad_document = parse_bad_document_policy(d.bad_documents);
+  cache_options co;
+  co.num_threads = static_cast<int>(d.cache_options.num_threads);
+  co.docs_per_chunk = d.cache_options.batch_size;
+  co.bytes_per_chunk = d.cache_options.target_size_bytes();
+  co.log = log;
+  const auto dir = detail::join_path(s.cache_dir, split);
+  std::vector<std::string> files;
+  try {
+    files = expand_urls(urls);
+  } catch (const data_error& e) {
+    throw data_error(std::string("data.") + split + "_urls" + (s.name.empty() ? "" : " of '" + s.name + "'") + ": " +
+                     e.what());
+  }
+  if (s.text_key) src.text_key = *s.text_key;
+  if (s.supervised && s.supervised->messages_field) {
+    src.messages_field = *s.supervised->messages_field;
+    src.input_role = s.supervised->input_role;
+    src.output_role = s.supervised->output_role;
+  } else if (s.supervised) {
+    src.fields = {s.supervised->input_field, s.supervised->output_field};
+  }
+  auto c = s.supervised ? open_or_build_cache(dir, files, src, make_supervised_encode_fn(tok, *s.supervised),
+                                              supervised_metadata(tok, *s.supervised), co)
+                        : open_or_build_cache(dir, files, src, make_encode_fn(tok, true, d.enforce_eos),
+                                              tokenizer_metadata(tok, true, d.enforce_eos), co);
+  if (log)
+    log(std::string(c->finished() ? "cache " : "building cache ") + dir +
+        (c->finished() ? " (complete)" : " in the background"));
+  return c;
+}
+
+std::shared_ptr<cache_windows> open_split(const LmDataConfig& d, const tokenizer& tok, const dataset_spec& s,
+                                          const std::vector<std::string>& urls, const char* split,
+                                          std::int64_t seq_len, const std::function<void(const std::string&)>& log) {
+  auto say = [&](const std::string& m) {
+    if (log) log(m);
+  };
+  auto c = open_split_cache(d, tok, s, urls, split, log);
+  const auto dir = c->dir();
+  if (!s.supervised && !s.text_pack) return std::make_shared<cache_windows>(std::move(c), seq_len);
+  if (!s.supervised) {  // format: {type: text, pack: true}: whole documents packed (ours; see docs/data.md)
+    if (!c->finished()) say("waiting for the cache " + dir + " to be complete (its documents are packed)");
+    auto packs = std::make_shared<const packed_examples>(packed_examples::documents(c, seq_len, 64));
+    say("text " + dir + ": " + std::to_string(c->committed_docs()) + " documents packed into " +
+        std::to_string(packs->size()) + " examples of " + std::to_string(seq_len) + " tokens");
+    return std::make_shared<cache_windows>(std::move(packs), std::move(c), false);
+  }
+  // Supervised rows are packed from the whole cache (as upstream's SupervisedDataset, which awaits it).
+  if (!c->finished()) say("waiting for the cache " + dir + " to be complete (supervised rows are packed from all of it)");
+  auto packs = std::make_shared<const packed_examples>(c, seq_len, s.supervised->max_segments());
+  say("supervised data " + dir + ": " + std::to_string(c->committed_docs()) + " records packed into " +
+      std::to_string(packs->size()) + " examples of " + std::to_string(seq_len) + " tokens");
+  return std::make_shared<cache_windows>(std::move(packs), std::move(c), s.supervised->mask_inputs);
+}
+
 lm_data::lm_data(const LmDataConfig& d, const options& o)
     : tok_(make_tokenizer(d)), seq_len_(o.seq_len), epochs_(o.epochs) {
   auto log = o.log ? o.log : [](const std::string&) {};
@@ -244,78 +309,30 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
       f.mask_inputs = true;
     }
   }
-  source_options src;
-  src.text_key = d.text_key.value_or("text");
-  if (d.format.set) {
-    const YAML::Node f = YAML::Load(d.format.yaml);
-    if (f.IsMap() && f["text_key"]) src.text_key = f["text_key"].as<std::string>();
-  }
-  src.on_bad_document = parse_bad_document_policy(d.bad_documents);
-  cache_options co;
-  co.num_threads = static_cast<int>(d.cache_options.num_threads);
-  co.docs_per_chunk = d.cache_options.batch_size;
-  co.bytes_per_chunk = d.cache_options.target_size_bytes();
-  co.log = o.log;
-  const auto meta = tokenizer_metadata(tok_, true, d.enforce_eos);
-  const auto encode = make_encode_fn(tok_, true, d.enforce_eos);
   auto open_cache = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {
-    const auto dir = detail::join_path(s.cache_dir, split);
-    std::vector<std::string> files;
-    try {
-      files = expand_urls(urls);
-    } catch (const data_error& e) {
-      throw data_error(std::string("data.") + split + "_urls" + (s.name.empty() ? "" : " of '" + s.name + "'") + ": " +
-                       e.what());
-    }
-    source_options own = src;
-    if (s.text_key) own.text_key = *s.text_key;
-    if (s.supervised && s.supervised->messages_field) {
-      own.messages_field = *s.supervised->messages_field;
-      own.input_role = s.supervised->input_role;
-      own.output_role = s.supervised->output_role;
-    } else if (s.supervised)
-      own.fields = {s.supervised->input_field, s.supervised->output_field};
-    auto c = s.supervised ? open_or_build_cache(dir, files, own, make_supervised_encode_fn(tok_, *s.supervised),
-                                                supervised_metadata(tok_, *s.supervised), co)
-                          : open_or_build_cache(dir, files, own, encode, meta, co);
-    log(std::string(c->finished() ? "cache " : "building cache ") + dir +
-        (c->finished() ? " (complete)" : " in the background"));
-    return c;
+    return open_split_cache(d, tok_, s, urls, split, log);
   };
   auto open = [&](const dataset_spec& s, const std::vector<std::string>& urls, const char* split) {
+    if (!d.sft) return open_split(d, tok_, s, urls, split, o.seq_len, log);
+    // The sft programs' rows: permuted and packed as upstream sft packs them.
     auto c = open_cache(s, urls, split);
     const auto dir = c->dir();
-    if (!s.supervised && !s.text_pack) return std::make_shared<cache_windows>(std::move(c), o.seq_len);
-    if (!s.supervised) {  // format: {type: text, pack: true}: whole documents packed (ours; see docs/data.md)
-      if (!c->finished()) log("waiting for the cache " + dir + " to be complete (its documents are packed)");
-      auto packs = std::make_shared<const packed_examples>(packed_examples::documents(c, o.seq_len, 64));
-      log("text " + dir + ": " + std::to_string(c->committed_docs()) + " documents packed into " +
-          std::to_string(packs->size()) + " examples of " + std::to_string(o.seq_len) + " tokens");
-      return std::make_shared<cache_windows>(std::move(packs), std::move(c), false);
-    }
-    // Supervised rows are packed from the whole cache (as upstream's SupervisedDataset, which awaits it).
     if (!c->finished()) log("waiting for the cache " + dir + " to be complete (supervised rows are packed from all of it)");
-    if (d.sft) {
-      prompt_completion_options pc;
-      pc.seq_len = o.seq_len;
-      pc.max_seq_len = d.sft->max_seq_len;
-      pc.epochs = d.sft->epochs;
-      pc.key = o.data_key;
-      pc.pad_id = tok_.eos_id().value_or(0);  // upstream pads with pad_token, else EOS (see docs/sft.md)
-      auto packs = std::make_shared<const packed_examples>(c, pc);
-      log("sft data " + dir + ": " + std::to_string(c->committed_docs()) + " records" +
-          (pc.epochs > 1 ? ", " + std::to_string(pc.epochs) + " epochs," : "") + " packed into " +
-          std::to_string(packs->size()) + " examples of " + std::to_string(o.seq_len) + " tokens" +
-          (packs->dropped_rows() ? " (" + std::to_string(packs->dropped_rows()) +
-                                       " rows left out: a prompt of seq_len tokens or more, or no response left "
-                                       "within max_seq_len)"
-                                 : ""));
-      return std::make_shared<cache_windows>(std::move(packs), std::move(c), true);
-    }
-    auto packs = std::make_shared<const packed_examples>(c, o.seq_len, s.supervised->max_segments());
-    log("supervised data " + dir + ": " + std::to_string(c->committed_docs()) + " records packed into " +
-        std::to_string(packs->size()) + " examples of " + std::to_string(o.seq_len) + " tokens");
-    return std::make_shared<cache_windows>(std::move(packs), std::move(c), s.supervised->mask_inputs);
+    prompt_completion_options pc;
+    pc.seq_len = o.seq_len;
+    pc.max_seq_len = d.sft->max_seq_len;
+    pc.epochs = d.sft->epochs;
+    pc.key = o.data_key;
+    pc.pad_id = tok_.eos_id().value_or(0);  // upstream pads with pad_token, else EOS (see docs/sft.md)
+    auto packs = std::make_shared<const packed_examples>(c, pc);
+    log("sft data " + dir + ": " + std::to_string(c->committed_docs()) + " records" +
+        (pc.epochs > 1 ? ", " + std::to_string(pc.epochs) + " epochs," : "") + " packed into " +
+        std::to_string(packs->size()) + " examples of " + std::to_string(o.seq_len) + " tokens" +
+        (packs->dropped_rows() ? " (" + std::to_string(packs->dropped_rows()) +
+                                     " rows left out: a prompt of seq_len tokens or more, or no response left "
+                                     "within max_seq_len)"
+                               : ""));
+    return std::make_shared<cache_windows>(std::move(packs), std::move(c), true);
   };
   if (sft_mixture) {  // sft_mixture: the mixture's rows are packed (upstream mixes rows, then packs them)
     std::vector<std::shared_ptr<token_cache>> caches;

@@ -108,20 +108,8 @@ struct eval_data {
 eval_data open_eval_sets(const LmDataConfig& d, std::int64_t seq_len, bool train,
                          const std::function<void(const std::string&)>& log) {
   eval_data out{data::make_tokenizer(d), {}};
-  // The same source and cache settings as data::lm_data, so train_lm's caches are reused as they are.
-  data::source_options src;
-  src.text_key = d.text_key.value_or("text");
-  if (d.format.set) {
-    const YAML::Node f = YAML::Load(d.format.yaml);
-    if (f.IsMap() && f["text_key"]) src.text_key = f["text_key"].as<std::string>();
-  }
-  src.on_bad_document = data::parse_bad_document_policy(d.bad_documents);
-  data::cache_options co;
-  co.num_threads = static_cast<int>(d.cache_options.num_threads);
-  co.docs_per_chunk = d.cache_options.batch_size;
-  co.bytes_per_chunk = d.cache_options.target_size_bytes();
-  const auto meta = data::tokenizer_metadata(out.tok, true, d.enforce_eos);
-  const auto encode = data::make_encode_fn(out.tok, true, d.enforce_eos);
+  // Each dataset's split as train_lm reads it (text windows, packed text, packed supervised or chat rows), its
+  // caches reused as they are.
   const char* split = train ? "train" : "validation";
   for (const auto& s : data::dataset_specs(d)) {
     const auto& urls = train ? s.train_urls : s.validation_urls;
@@ -129,10 +117,7 @@ eval_data open_eval_sets(const LmDataConfig& d, std::int64_t seq_len, bool train
     std::vector<std::string> tags;
     if (!s.name.empty()) tags.push_back(s.name);
     if (!train) tags.insert(tags.end(), s.tags.begin(), s.tags.end());
-    const std::string dir = (std::filesystem::path(s.cache_dir) / split).string();
-    auto c = data::open_or_build_cache(dir, data::expand_urls(urls), src, encode, meta, co);
-    log(std::string(c->finished() ? "cache " : "building cache ") + dir + (c->finished() ? " (complete)" : ""));
-    out.sets.push_back({s.name, tags, std::make_shared<data::cache_windows>(std::move(c), seq_len)});
+    out.sets.push_back({s.name, tags, data::open_split(d, out.tok, s, urls, split, seq_len, log)});
   }
   return out;
 }

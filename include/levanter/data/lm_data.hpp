@@ -91,6 +91,18 @@ class cache_windows {
   std::shared_ptr<const std::vector<std::int64_t>> index_;  // set: the examples of cache_ this view holds
 };
 
+/// The token cache of one split ("train" or "validation") of dataset `s`, opened, or built in the background when
+/// missing: text rows, or supervised / single-turn chat rows as its format says. `log` (may be empty) gets a line.
+std::shared_ptr<token_cache> open_split_cache(const LmDataConfig& d, const tokenizer& tok, const dataset_spec& s,
+                                              const std::vector<std::string>& urls, const char* split,
+                                              const std::function<void(const std::string&)>& log);
+/// The examples of one split of dataset `s` as train_lm reads them: windows of seq_len tokens, packed documents
+/// (`format: {type: text, pack: true}`) or packed supervised rows (these wait for the whole cache). eval_lm reads
+/// its sets through it, so every format is evaluated as it trains.
+std::shared_ptr<cache_windows> open_split(const LmDataConfig& d, const tokenizer& tok, const dataset_spec& s,
+                                          const std::vector<std::string>& urls, const char* split,
+                                          std::int64_t seq_len, const std::function<void(const std::string&)>& log);
+
 /// Rows of examples, row-major [n, seq_len] each: tokens, loss mask (1 = the position is trained) and segment ids.
 struct example_batch {
   std::vector<std::int32_t> tokens;
