@@ -49,6 +49,13 @@ if [ $train = 1 ]; then
   timings="$timings, train_lm $((t3 - t2)) s more"
 fi
 
+# nvcc's lambda wrappers must not be read through another translation unit's pointers (docs/portability.md, "nvcc's
+# lambdas across translation units"): a binary that fails this would crash on the GPU at its first kernel copy.
+progs=("$build/bench/device_session")
+[ $train = 1 ] && progs+=("$build/examples/train_lm")
+scripts/check-cuda-lambdas.sh "${progs[@]}" ||
+  { echo "device-bundle: refusing to pack programs that would call unset lambda pointers on the GPU" >&2; exit 1; }
+
 # Staged in a folder, then packed into one xz archive (about a quarter of the size: the device tool carries 64 MiB
 # with the working tree); scripts/device-session.sh unpacks it on the GPU machine.
 rm -rf "$out"

@@ -81,7 +81,8 @@ else
 fi
 
 row() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" "${5:-}" >> "$rows"; }
-wanted() { [ -z "$only" ] || [[ "$only" == *",$1,"* ]]; }
+# A stage is wanted when --only names it; "train_lm" names both train_lm runs.
+wanted() { [ -z "$only" ] || [[ "$only" == *",$1,"* ]] || [[ "$1" == train_lm-* && "$only" == *",train_lm,"* ]]; }
 
 # run NAME LIMIT COMMAND...: one stage, its output in NAME.log, its @row lines into the table.
 run() {
@@ -137,6 +138,40 @@ if wanted repro-1 && wanted repro-2 && [ -f "$out/repro-1.log" ] && [ -f "$out/r
     status=1
   fi
 fi
+# train_lm itself on the device, before the peer and the larger steps so that a short budget still runs it:
+# config/gpt2_nano.yaml and config/llama2_nano.yaml (100 steps each, 10 with --small), each twice, the same losses
+# expected.
+[ -n "$train_lm" ] || { [ -x "$bin/train_lm" ] && train_lm=$bin/train_lm; }
+[ -n "$data" ] || { if [ -f "$bin/../data/train.jsonl" ]; then data=$bin/../data; else data=build/data/fortunes; fi; }
+if [ -n "$train_lm" ] && wanted train_lm; then
+  if [ -f "$data/train.jsonl" ]; then
+    data=$(cd "$data" && pwd)
+    steps=$([ $small = 1 ] && echo 10 || echo 100)
+    losses() { grep '"event":"log"' "$out/train_lm/$1/metrics.jsonl" 2> /dev/null | grep -o '"\(train\|eval\)/loss":[^,}]*'; }
+    # GPT-2 (stages train_lm-a, train_lm-b) and Llama (train_lm-llama-a, -b), each twice from scratch.
+    for model in gpt2 llama2; do
+      tag=$([ $model = gpt2 ] && echo "" || echo "llama-")
+      for r in a b; do
+        run "train_lm-$tag$r" 120 env LD_LIBRARY_PATH="$kit_ld" "$train_lm" "config/${model}_nano.yaml" --trainer.id "kit-$model-$r" \
+          --trainer.num_train_steps $steps --trainer.steps_per_eval $steps --trainer.log_dir "$out/train_lm" \
+          --trainer.checkpointer.base_path "$out/ckpt" --data.train_urls "[\"$data/train.jsonl\"]" \
+          --data.validation_urls "[\"$data/validation.jsonl\"]" --data.cache_dir "$out/cache-$model-$r"
+      done
+      wanted "train_lm-${tag}a" || continue
+      la=$(losses "kit-$model-a"); lb=$(losses "kit-$model-b")
+      if [ -n "$la" ] && [ "$la" = "$lb" ]; then
+        row "train_lm" "config/${model}_nano.yaml, $steps steps, twice" "bitwise identical" \
+          "$(echo "$la" | grep train/loss | tail -n 1)" "$(echo "$la" | grep eval/loss | tail -n 1)"
+      else
+        row "train_lm" "config/${model}_nano.yaml, $steps steps, twice" "FAILED: losses differ or missing" "" \
+          "see train_lm-${tag}a.log, train_lm-${tag}b.log"
+        status=1
+      fi
+    done
+  else
+    row "train_lm" "config/gpt2_nano.yaml" "not run" "" "no corpus at $data (pass --data DIR)"
+  fi
+fi
 if [ $peer = 1 ] && python3 -c 'import torch' 2> /dev/null; then
   run peer-torch 200 env PYTHONUNBUFFERED=1 python3 bench/reference/torch_gpt2_step.py $sz --batch $B --seq $S \
     --precision bf16 --steps 5
@@ -146,33 +181,6 @@ fi
 run gpt2-f32 120 "${ds[@]}" --stage step --model gpt2 --precision f32 --batch $B --seq $S
 run llama-bf16 150 "${ds[@]}" --stage step --model llama1b --precision bf16 --batch $LB --seq $LS
 run gpt2-bf16-max 150 "${ds[@]}" --stage step --model gpt2 --precision bf16 --batch max --seq $S --steps 2
-
-# train_lm itself on the device: config/gpt2_nano.yaml (100 steps, 10 with --small), twice, the same losses expected.
-[ -n "$train_lm" ] || { [ -x "$bin/train_lm" ] && train_lm=$bin/train_lm; }
-[ -n "$data" ] || { if [ -f "$bin/../data/train.jsonl" ]; then data=$bin/../data; else data=build/data/fortunes; fi; }
-if [ -n "$train_lm" ] && wanted train_lm; then
-  if [ -f "$data/train.jsonl" ]; then
-    data=$(cd "$data" && pwd)
-    steps=$([ $small = 1 ] && echo 10 || echo 100)
-    for r in a b; do
-      run "train_lm-$r" 120 env LD_LIBRARY_PATH="$kit_ld" "$train_lm" config/gpt2_nano.yaml --trainer.id "kit-$r" --trainer.num_train_steps $steps \
-        --trainer.steps_per_eval $steps --trainer.log_dir "$out/train_lm" --trainer.checkpointer.base_path "$out/ckpt" \
-        --data.train_urls "[\"$data/train.jsonl\"]" --data.validation_urls "[\"$data/validation.jsonl\"]" \
-        --data.cache_dir "$out/cache-$r"
-    done
-    losses() { grep '"event":"log"' "$out/train_lm/$1/metrics.jsonl" 2> /dev/null | grep -o '"\(train\|eval\)/loss":[^,}]*'; }
-    la=$(losses kit-a); lb=$(losses kit-b)
-    if [ -n "$la" ] && [ "$la" = "$lb" ]; then
-      row "train_lm" "config/gpt2_nano.yaml, $steps steps, twice" "bitwise identical" \
-        "$(echo "$la" | grep train/loss | tail -n 1)" "$(echo "$la" | grep eval/loss | tail -n 1)"
-    else
-      row "train_lm" "config/gpt2_nano.yaml, $steps steps, twice" "FAILED: losses differ or missing" "" "see train_lm-a.log, train_lm-b.log"
-      status=1
-    fi
-  else
-    row "train_lm" "config/gpt2_nano.yaml" "not run" "" "no corpus at $data (pass --data DIR)"
-  fi
-fi
 
 # Ours against the peer, same card, same call: tokens/s ratios.
 ours=$(awk -F'\t' '$1 ~ /^step: GPT-2.*bf16$/ && $2 == "time per step" && $1 !~ /max/ {split($4, a, " "); print a[1]; exit}' "$rows")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device kit in its CPU mode (docs/portability.md, "Working with a GPU machine"): scripts/device-session.sh runs
-# every stage of device_session at small sizes on the portable kernels (the kernels a GPU runs), plus train_lm twice,
-# and must produce a summary table in which every check passed, both repro runs and both train_lm runs agree bit for
-# bit, every stage finished, and the per-kernel table was written. Also: device_session refuses bad arguments.
+# every stage of device_session at small sizes on the portable kernels (the kernels a GPU runs), plus train_lm twice
+# on GPT-2 and twice on Llama, and must produce a summary table in which every check passed, both repro runs and each
+# pair of train_lm runs agree bit for bit, every stage finished, and the per-kernel table was written. Also:
+# device_session refuses bad arguments.
 # Usage: device_kit.sh DEVICE_SESSION TRAIN_LM WORK_DIR DATA_DIR
 set -euo pipefail
 exe=$(realpath "$1")
@@ -63,6 +64,7 @@ need 'per step: device synchronisations'
 need '| kernels: GPT-2'
 need '| reproducibility | two fresh processes | bitwise identical |'
 need '| train_lm | config/gpt2_nano.yaml, 10 steps, twice | bitwise identical |'
+need '| train_lm | config/llama2_nano.yaml, 10 steps, twice | bitwise identical |'
 need '| peer: PyTorch | GPT-2 step | not run |'
 checks=$(grep -c '^| checks |' "$summary")
 [ "$checks" -ge 20 ] || fail "only $checks check rows"

@@ -123,7 +123,7 @@ std::array<std::int64_t, 2> device_memory() {
 
 void fill_random(float* p, std::int64_t n, std::uint64_t seed, float scale) {
   Kokkos::parallel_for(
-      "kit::fill_random", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+      "kit::fill_random", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
         std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * std::uint64_t(i + 1);
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -134,13 +134,13 @@ void fill_random(float* p, std::int64_t n, std::uint64_t seed, float scale) {
 
 void to_bf16(const float* x, std::uint16_t* y, std::int64_t n) {
   Kokkos::parallel_for(
-      "kit::to_bf16", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n),
+      "kit::to_bf16", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { y[i] = hax::bf16(x[i]).bits; });
 }
 
 void copy_kernel(const float* x, float* y, std::int64_t n) {
   Kokkos::parallel_for(
-      "kit::copy", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n), KOKKOS_LAMBDA(std::int64_t i) { y[i] = x[i]; });
+      "kit::copy", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) { y[i] = x[i]; });
 }
 
 const char* name_of(gemm_kind k) {

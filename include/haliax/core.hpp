@@ -95,7 +95,7 @@ inline bool poison_buffers() {
 inline void poison_fill(void* p, std::size_t bytes) {
   auto* q = static_cast<unsigned char*>(p);
   Kokkos::parallel_for(
-      "haliax::poison", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, static_cast<std::int64_t>(bytes)),
+      "haliax::poison", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, static_cast<std::int64_t>(bytes)),
       KOKKOS_LAMBDA(std::int64_t i) { q[i] = 0xFF; });
 }
 
@@ -780,13 +780,13 @@ KOKKOS_INLINE_FUNCTION T from_double(double v) {
 template <class T>
 void fill_raw(const char* label, T* p, std::int64_t n, T value) {
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) { p[i] = value; });
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) { p[i] = value; });
 }
 
 template <class T>
 void arange_raw(T* p, std::int64_t n, T start, T step) {
   Kokkos::parallel_for(
-      "haliax::arange", Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+      "haliax::arange", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
         p[i] = static_cast<T>(static_cast<compute_t<T>>(start) +
                               static_cast<compute_t<T>>(i) * static_cast<compute_t<T>>(step));
       });

@@ -151,7 +151,7 @@ V scalar_arg(const std::tuple<Args...>& t, V fallback) {
 template <class T, class F>
 void generate_raw(const char* label, T* p, std::int64_t n, F f) {
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
         p[i] = static_cast<T>(f(static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(n)));
       });
 }
@@ -365,7 +365,7 @@ template <class KD, class M>
 void categorical_kernel(KD kd, M m, const float* lp, std::int32_t* op, std::uint64_t n, std::int64_t outer,
                         std::int64_t inner, std::int64_t kcat) {
   Kokkos::parallel_for(
-      "haliax::random::categorical", Kokkos::RangePolicy<execution_space>(0, outer * inner),
+      "haliax::random::categorical", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer * inner),
       KOKKOS_LAMBDA(std::int64_t r) {
         const std::int64_t o = r / inner, in = r % inner;
         std::int32_t best = 0;

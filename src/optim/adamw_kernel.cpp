@@ -217,7 +217,7 @@ void chunk_sums(const consts& c, chunk_job job, bool nesterov, const std::vector
     // As grad_squares: each 256-element block's squares in order (one work item per block, 128 per chunk, where
     // one thread walked a whole chunk), then each chunk's blocks in order (below).
     Kokkos::parallel_for(
-        "levanter::adamw(grad squares)", Kokkos::RangePolicy<exec>(0, nc * per_chunk), KOKKOS_LAMBDA(int64_t w) {
+        "levanter::adamw(grad squares)", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, nc * per_chunk), KOKKOS_LAMBDA(int64_t w) {
           const int64_t ci = w / per_chunk, b = w - ci * per_chunk;
           const chunk_ref r = refs(ci);
           const int64_t i0 = b * block_elems;
@@ -235,7 +235,7 @@ void chunk_sums(const consts& c, chunk_job job, bool nesterov, const std::vector
     const auto squares = squares_lease.view;
     const consts cc = c;
     Kokkos::parallel_for(
-        "levanter::adamw(update)", Kokkos::RangePolicy<exec>(0, nc * chunk_cap), KOKKOS_LAMBDA(int64_t e) {
+        "levanter::adamw(update)", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, nc * chunk_cap), KOKKOS_LAMBDA(int64_t e) {
           const int64_t ci = e / chunk_cap, j = e - ci * chunk_cap;
           const chunk_ref r = refs(ci);
           if (j >= r.n) return;
@@ -247,7 +247,7 @@ void chunk_sums(const consts& c, chunk_job job, bool nesterov, const std::vector
           squares(e) = portable_element(ce, job, nesterov, r.decay, r.p, r.g, r.m, r.v, j, r.div, r.mul);
         });
     Kokkos::parallel_for(
-        "levanter::adamw(block sums)", Kokkos::RangePolicy<exec>(0, nc * per_chunk), KOKKOS_LAMBDA(int64_t w) {
+        "levanter::adamw(block sums)", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, nc * per_chunk), KOKKOS_LAMBDA(int64_t w) {
           const int64_t ci = w / per_chunk, b = w - ci * per_chunk;
           const int64_t n = refs(ci).n;
           const int64_t i0 = b * block_elems;
@@ -264,7 +264,7 @@ void chunk_sums(const consts& c, chunk_job job, bool nesterov, const std::vector
         });
   }
   Kokkos::parallel_for(
-      "levanter::adamw(chunk sums)", Kokkos::RangePolicy<exec>(0, nc), KOKKOS_LAMBDA(int64_t ci) {
+      "levanter::adamw(chunk sums)", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, nc), KOKKOS_LAMBDA(int64_t ci) {
         const int64_t nb = (refs(ci).n + block_elems - 1) / block_elems;
         double total = 0;
         for (int64_t b = 0; b < nb; ++b) total += blocks(ci * per_chunk + b);
@@ -310,7 +310,7 @@ std::vector<double> run_clipped_fused_portable(const consts& c, bool nesterov, c
   // As the host does: the chunks' squares summed in chunk order, the square root in double, and clipping when
   // float(norm) is not below float(max_grad_norm) (optax's clip_by_global_norm, NaN included).
   Kokkos::parallel_for(
-      "levanter::adamw(grad norm)", Kokkos::RangePolicy<exec>(0, 1), KOKKOS_LAMBDA(int64_t) {
+      "levanter::adamw(grad norm)", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, 1), KOKKOS_LAMBDA(int64_t) {
         double total = 0;
         for (int64_t ci = 0; ci < nc; ++ci) total += gsq(ci);
         const double norm = haliax::detail::math::sqrt(total);

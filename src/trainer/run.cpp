@@ -92,7 +92,7 @@ namespace {
 // which some GEMM units multiply faster than real data).
 void fill_operand(float* p, std::int64_t n, std::uint32_t salt) {
   Kokkos::parallel_for(
-      "levanter::gemm_peak(fill)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n),
+      "levanter::gemm_peak(fill)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) {
         const std::uint32_t h = (static_cast<std::uint32_t>(i) ^ salt) * 2654435761u;
         p[i] = static_cast<float>(h >> 8) * (1.0f / 16777216.0f) - 0.5f;

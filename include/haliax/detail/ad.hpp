@@ -152,7 +152,7 @@ bool any_tracked(const X&... x) {
 template <class T>
 void add_into_raw(const char* label, T* pa, const T* pb, std::int64_t n) {
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, n),
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) {
         HALIAX_CAPTURE(pa, pb);
         if constexpr (std::is_same_v<T, bf16>) {
@@ -173,7 +173,7 @@ void add_into(const named_array<T, Axes>& a, const named_array<T, Axes>& b) {
 template <class T>
 void sum_raw(const char* label, T* po, const T* pa, const T* pb, std::int64_t n) {
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, n),
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) {
         HALIAX_CAPTURE(po, pa, pb);
         if constexpr (std::is_same_v<T, bf16>) {
@@ -372,7 +372,7 @@ void unbroadcast_rows(const T* pg, T* po, std::int64_t cols, std::int64_t rows) 
   const std::int64_t nchunks = rows > chunk ? (rows + chunk - 1) / chunk : 1;
   if (nchunks == 1) {
     Kokkos::parallel_for(
-        "haliax::unbroadcast_rows", Kokkos::RangePolicy<execution_space>(0, nblocks), KOKKOS_LAMBDA(std::int64_t b) {
+        "haliax::unbroadcast_rows", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, nblocks), KOKKOS_LAMBDA(std::int64_t b) {
           const std::int64_t c0 = b * block;
           const std::int64_t n = cols - c0 < block ? cols - c0 : block;
           double acc[block];
@@ -388,7 +388,7 @@ void unbroadcast_rows(const T* pg, T* po, std::int64_t cols, std::int64_t rows) 
       buffer_cache<double>::take(static_cast<std::size_t>(nchunks * cols), "haliax::unbroadcast_rows(chunks)");
   double* parts = parts_lease.view.data();
   Kokkos::parallel_for(
-      "haliax::unbroadcast_rows(chunks)", Kokkos::RangePolicy<execution_space>(0, nchunks * nblocks),
+      "haliax::unbroadcast_rows(chunks)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, nchunks * nblocks),
       KOKKOS_LAMBDA(std::int64_t w) {
         const std::int64_t ch = w / nblocks, b = w - ch * nblocks;
         const std::int64_t c0 = b * block;
@@ -400,7 +400,7 @@ void unbroadcast_rows(const T* pg, T* po, std::int64_t cols, std::int64_t rows) 
         for (std::int64_t j = 0; j < n; ++j) out[j] = acc[j];
       });
   Kokkos::parallel_for(
-      "haliax::unbroadcast_rows", Kokkos::RangePolicy<execution_space>(0, nblocks), KOKKOS_LAMBDA(std::int64_t b) {
+      "haliax::unbroadcast_rows", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, nblocks), KOKKOS_LAMBDA(std::int64_t b) {
         const std::int64_t c0 = b * block;
         const std::int64_t n = cols - c0 < block ? cols - c0 : block;
         double acc[block];
@@ -417,7 +417,7 @@ template <class T>
 void unbroadcast_general(const unbroadcast_plan& p, const T* pg, T* po) {
     const unbroadcast_plan q = p;
     Kokkos::parallel_for(
-        "haliax::unbroadcast", Kokkos::RangePolicy<execution_space>(0, q.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+        "haliax::unbroadcast", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, q.out_count), KOKKOS_LAMBDA(std::int64_t o) {
           HALIAX_CAPTURE(po);
           std::int64_t base = 0, rem = o;
           for (int d = q.kr - 1; d >= 0; --d) {

@@ -228,7 +228,7 @@ template <class T>
 void plain_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
                         const T* A, const T* B, T* C) {
   Kokkos::parallel_for(
-      "haliax::dot(plain)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, batch * m * n),
+      "haliax::dot(plain)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, batch * m * n),
       KOKKOS_LAMBDA(std::int64_t idx) {
         const std::int64_t b = idx / (m * n), r = idx - b * (m * n);
         const std::int64_t i = r / n, j = r - i * n;
@@ -252,7 +252,7 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
   if (batch == 0 || m == 0 || n == 0) return;
   if (k == 0) {
     Kokkos::parallel_for(
-        "haliax::dot(zero)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, batch * m * n),
+        "haliax::dot(zero)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, batch * m * n),
         KOKKOS_LAMBDA(std::int64_t i) { C[i] = T(0); });
     return;
   }
@@ -328,14 +328,14 @@ void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m
     float* pb = fb.data();
     float* pc = fc.data();
     Kokkos::parallel_for(
-        "haliax::dot(widen a)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, na),
+        "haliax::dot(widen a)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, na),
         KOKKOS_LAMBDA(std::int64_t i) { pa[i] = float(A[i]); });
     Kokkos::parallel_for(
-        "haliax::dot(widen b)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, nb),
+        "haliax::dot(widen b)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, nb),
         KOKKOS_LAMBDA(std::int64_t i) { pb[i] = float(B[i]); });
     gemm_batched<float>(trans_a, trans_b, batch, m, n, k, pa, pb, pc);
     Kokkos::parallel_for(
-        "haliax::dot(round c)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, nc),
+        "haliax::dot(round c)", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, nc),
         KOKKOS_LAMBDA(std::int64_t i) { C[i] = bf16(pc[i]); });
   } else {
     // Integers: the plain kernel (exact; no BLAS has an int32 GEMM).

@@ -83,7 +83,7 @@ void nd_for_each(const char* label, const nd_plan<NOps>& plan, Inner inner) {
   if (plan.rank == 0) {
     // A single element: still a kernel, so that device pointers are only touched on the device.
     Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, 1), KOKKOS_LAMBDA(std::int64_t) {
+        label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, 1), KOKKOS_LAMBDA(std::int64_t) {
           std::int64_t zero[NOps]{};
           std::int64_t unit[NOps]{};
           inner(zero, unit, std::int64_t(1));

@@ -226,7 +226,7 @@ void host_loop(const char* label, std::int64_t n, std::int64_t work, const F& f)
   }
 #endif
   (void)work;
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n), f);
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, n), f);
 }
 
 }  // namespace haliax::detail

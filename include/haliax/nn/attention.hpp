@@ -22,9 +22,10 @@
 // start offsets), sliding window and segment ids. On host memory it runs host kernels (OpenBLAS tiles on the
 // haliax thread pool); every task writes its own outputs, so results do not depend on the thread count. A device
 // build (and a host build under HALIAX_PORTABLE_KERNELS=1, haliax/detail/portable.hpp) runs portable Kokkos
-// kernels instead: one work item per query row (forward, dQ) or key row (dK, dV), each summing over its visible
-// partners in index order; they agree with the host kernels to rounding and do not depend on the thread count
-// either.
+// kernels instead: a team per tile of query rows (forward, dQ) or key rows (dK, dV) that stages the partner
+// tiles in team scratch (shared memory on a GPU), each output summed over its visible partners in index order
+// by one thread; they agree with the host kernels to rounding and do not depend on the thread count or the team
+// size either. Head sizes too large for team scratch take the row kernels (a work item per row, no staging).
 //
 // Grouped-query attention (GQA; MQA when there is one key/value head). k and v may lack some of q's batch
 // axes: those q-only axes are query groups that share one key/value head, as Llama's layout
@@ -43,15 +44,18 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -108,7 +112,7 @@ struct window_allowed {
 template <class F>
 void position_mask_kernel(const char* label, bool* p, std::int64_t nq, std::int64_t nk, F allowed) {
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, nq * nk), KOKKOS_LAMBDA(std::int64_t idx) {
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, nq * nk), KOKKOS_LAMBDA(std::int64_t idx) {
         const std::int64_t i = idx / nk, j = idx - (idx / nk) * nk;
         p[idx] = allowed(i, j);
       });
@@ -368,7 +372,8 @@ auto dot_product_attention(const named_array<T, AxQ>& q, const named_array<T, Ax
 /// absolute positions `q_start + i` and `k_start + j`), optionally a sliding window (key position in
 /// (q - window, q]; 0 = no window) and, through the overload that takes them, segment ids. `scale` defaults
 /// to 1 / sqrt(size of Key). `block_q` x `block_k` is the tile size of the host kernels; results depend on it
-/// (summation order) but never on the thread count. The portable kernels do not tile (and ignore it).
+/// (summation order) but never on the thread count. The portable kernels tile by their own plan, chosen from the
+/// head sizes (detail::attn::plan_tiles), and ignore it.
 struct flash_attention_options {
   bool causal = true;
   std::int64_t sliding_window = 0;
@@ -1040,7 +1045,7 @@ void fill_zero_portable(T* p, std::int64_t n) {
 /// accumulated in place and rescaled when m grows), then o /= l and lse = m + log(l); a row that sees no key
 /// gives o = 0 and lse = -inf.
 template <class T>
-void forward_portable(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale) {
+void forward_rows(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale) {
   haliax::detail::profile::region prof([] { return std::string("flash_attention forward"); },
                                        2.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
   const offset_table qt = device_offsets(g.ql.off, "haliax::nn::flash_attention(q offsets)");
@@ -1104,8 +1109,8 @@ void forward_portable(const geometry& g, const T* q, const T* k, const T* v, T* 
 /// dS = P (dP - delta_i). Scores and probabilities are recomputed in both kernels. Writes every element of dq,
 /// dk and dv.
 template <class T>
-void backward_portable(const geometry& g, const T* q, const T* k, const T* v, const T* o, const T* lse,
-                       const T* dout, T scale, T* dq, T* dk, T* dv) {
+void backward_rows(const geometry& g, const T* q, const T* k, const T* v, const T* o, const T* lse,
+                   const T* dout, T scale, T* dq, T* dk, T* dv) {
   haliax::detail::profile::region prof([] { return std::string("flash_attention backward"); },
                                        5.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
   const offset_table qt = device_offsets(g.ql.off, "haliax::nn::flash_attention(q offsets)");
@@ -1199,6 +1204,469 @@ void backward_portable(const geometry& g, const T* q, const T* k, const T* v, co
         }
         lane_scale<T>(t, dkj, scale, d);
       });
+}
+
+// ---- tiled portable kernels: a team per tile of rows, the other operand's tiles staged in team scratch ------
+//
+// What a device build runs for flash attention when the tiles fit (`plan_tiles`). A team takes a tile of query
+// rows (forward, dQ) or key rows (dK, dV) of one batch element, copies it into team scratch (level 0: shared
+// memory on a GPU), and walks the partner tiles in index order, staging each in scratch too, so that every K/V
+// (or Q/dO) row read from memory serves a whole tile instead of one row. Within a tile every score, every
+// probability and every output element is computed by one thread as a sequential loop (products in index order,
+// a row's maximum and sum over its columns in order), so no sum depends on which thread runs it, on the team size
+// or on the thread count: the tile sizes come from the head sizes alone. Rows are padded by one element in
+// scratch so that a warp reading one column of 32 rows touches 32 different banks. Scores, probabilities and
+// sums are kept in the accumulation type (double for double, float for float and bfloat16).
+
+template <class T>
+using tile_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using tile_policy = Kokkos::TeamPolicy<execution_space, Kokkos::IndexType<std::int64_t>>;
+using tile_member = tile_policy::member_type;
+/// Threads per team: one on host backends (the whole tile in order), 128 on a device.
+inline constexpr int tile_threads = haliax::detail::host_memory ? 1 : 128;
+/// The team scratch a plan may use: under the 48 KiB of shared memory a GPU block gets without opting in, with
+/// room for Kokkos's own team buffers (about 1 KiB for 128 threads). 40 KiB is what ran on the H200 (2026-11-29);
+/// 46 KiB would give dQ 32 x 32 and dK/dV 16 x 32 tiles at head size 64 (CPU-checked, not yet timed on a GPU).
+inline constexpr std::size_t tile_scratch_limit = 40 * 1024;
+
+enum class tile_kernel { forward, dq, dkdv };
+
+/// A tile plan: query rows and key rows per tile, and the team scratch in bytes (0: no plan fits).
+struct tile_plan {
+  std::int64_t bq = 0, bk = 0;
+  std::size_t bytes = 0;
+};
+
+/// Scratch elements of one team of `kind` with bq query rows and bk key rows per tile.
+inline std::int64_t tile_elements(tile_kernel kind, std::int64_t bq, std::int64_t bk, std::int64_t d,
+                                  std::int64_t e) {
+  switch (kind) {
+    case tile_kernel::forward:  // Q, K, V, scores, O, running max / sum / rescale
+      return bq * (d + 1) + bk * (d + 1) + bk * e + bq * (bk + 1) + bq * e + 3 * bq;
+    case tile_kernel::dq:  // Q, dO, K, V, dS, dQ, lse, delta
+      return bq * (d + 1) + bq * (e + 1) + bk * (d + 1) + bk * (e + 1) + bq * (bk + 1) + bq * d + 2 * bq;
+    case tile_kernel::dkdv:  // K, V, Q, dO, P, dS, dK, dV, lse, delta
+      return bk * (d + 1) + bk * (e + 1) + bq * (d + 1) + bq * (e + 1) + 2 * bq * (bk + 1) + bk * d + bk * e +
+             2 * bq;
+  }
+  return 0;
+}
+
+/// The first of the kernel's preferred tile shapes whose scratch fits `tile_scratch_limit`, for head sizes d
+/// (query/key) and e (value) and accumulation type A. Depends on the shape only, never on the device.
+template <class A>
+tile_plan plan_tiles(tile_kernel kind, std::int64_t d, std::int64_t e) {
+  // (bq, bk): the forward and dQ reuse key tiles across query rows, dK/dV query tiles across key rows.
+  static constexpr std::int64_t rows_first[][2] = {{32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8}};
+  static constexpr std::int64_t keys_first[][2] = {{16, 32}, {8, 32}, {8, 16}, {16, 16}, {8, 8}};
+  const auto try_list = [&](const auto& list) {
+    for (const auto& c : list) {
+      const std::size_t bytes = static_cast<std::size_t>(tile_elements(kind, c[0], c[1], d, e)) * sizeof(A);
+      if (bytes <= tile_scratch_limit) return tile_plan{c[0], c[1], bytes};
+    }
+    return tile_plan{};
+  };
+  return kind == tile_kernel::dkdv ? try_list(keys_first) : try_list(rows_first);
+}
+
+inline tile_policy tile_teams(std::int64_t league, std::size_t bytes) {
+  return tile_policy(league, tile_threads).set_scratch_size(0, Kokkos::PerTeam(bytes));
+}
+
+/// Whether query row i (of batch element b) sees key j: inside the positional mask and, with segment ids, in the
+/// same segment.
+KOKKOS_INLINE_FUNCTION bool tile_visible(const portable_mask& mask, const std::int32_t* qseg,
+                                         const std::int32_t* kseg, std::int64_t b, std::int64_t i, std::int64_t j) {
+  if (j < mask.key_lo(i) || j >= mask.key_hi(i)) return false;
+  return qseg == nullptr || kseg[b * mask.nk + j] == qseg[b * mask.nq + i];
+}
+
+/// The forward pass on tiles: per query tile an online softmax over the key tiles in order (the tile's maximum
+/// joins the running maximum, earlier sums and outputs are rescaled), then o = acc / l and lse = m + log(l); a
+/// row that sees no key gives o = 0 and lse = -inf.
+template <class T>
+void forward_tiled(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale,
+                   const tile_plan& plan) {
+  using A = tile_acc_t<T>;
+  haliax::detail::profile::region prof([] { return std::string("flash_attention forward"); },
+                                       2.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
+  const offset_table qt = device_offsets(g.ql.off, "haliax::nn::flash_attention(q offsets)");
+  const offset_table kt = device_offsets(g.kl.off, "haliax::nn::flash_attention(k offsets)");
+  const offset_table vt = device_offsets(g.vl.off, "haliax::nn::flash_attention(v offsets)");
+  const offset_table ot = device_offsets(g.ol.off, "haliax::nn::flash_attention(o offsets)");
+  const std::int64_t* qoff = qt.data();
+  const std::int64_t* koff = kt.data();
+  const std::int64_t* voff = vt.data();
+  const std::int64_t* ooff = ot.data();
+  const std::int64_t qld = g.ql.ld, kld = g.kl.ld, vld = g.vl.ld, old = g.ol.ld;
+  const std::int64_t nq = g.nq, d = g.d, e = g.e, q_per_kv = g.q_per_kv;
+  const std::int64_t bq = plan.bq, bk = plan.bk, dp = d + 1, sp = bk + 1, tiles = (nq + bq - 1) / bq;
+  const std::size_t bytes = plan.bytes;
+  const std::int32_t* qseg = g.qseg;
+  const std::int32_t* kseg = g.kseg;
+  const portable_mask mask = mask_of(g);
+  const A ninf = -std::numeric_limits<A>::infinity();
+  const A cap = static_cast<A>(g.soft_cap), sc = static_cast<A>(scale);
+  Kokkos::parallel_for(
+      "haliax::nn::flash_attention(forward tiles)", tile_teams(g.batch * tiles, bytes),
+      KOKKOS_LAMBDA(const tile_member& t) {
+        namespace math = haliax::detail::math;
+        const std::int64_t b = t.league_rank() / tiles, i0 = (t.league_rank() - b * tiles) * bq;
+        const std::int64_t rows = nq - i0 < bq ? nq - i0 : bq, kb = b / q_per_kv;
+        A* qs = static_cast<A*>(t.team_scratch(0).get_shmem(bytes));
+        A* ks = qs + bq * dp;
+        A* vs = ks + bk * dp;
+        A* ss = vs + bk * e;
+        A* os = ss + bq * sp;
+        A* ms = os + bq * e;
+        A* ls = ms + bq;
+        A* as = ls + bq;
+        const T* qb = q + qoff[b] + i0 * qld;
+        const T* kb0 = k + koff[kb];
+        const T* vb0 = v + voff[kb];
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * d), [&](const std::int64_t x) {
+          const std::int64_t r = x / d, c = x - r * d;
+          qs[r * dp + c] = static_cast<A>(qb[r * qld + c]);
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * e), [&](const std::int64_t x) { os[x] = A(0); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows), [&](const std::int64_t r) {
+          ms[r] = ninf;
+          ls[r] = A(0);
+        });
+        const std::int64_t jlo = mask.key_lo(i0), jhi = mask.key_hi(i0 + rows - 1);
+        for (std::int64_t j0 = jlo; j0 < jhi; j0 += bk) {
+          const std::int64_t cols = jhi - j0 < bk ? jhi - j0 : bk;
+          t.team_barrier();  // the previous tile's readers are done
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * d), [&](const std::int64_t x) {
+            const std::int64_t c = x / d, y = x - c * d;
+            ks[c * dp + y] = static_cast<A>(kb0[(j0 + c) * kld + y]);
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * e), [&](const std::int64_t x) {
+            const std::int64_t c = x / e, y = x - c * e;
+            vs[x] = static_cast<A>(vb0[(j0 + c) * vld + y]);
+          });
+          t.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * bk), [&](const std::int64_t x) {
+            const std::int64_t r = x / bk, c = x - r * bk;
+            A s = ninf;
+            if (c < cols && tile_visible(mask, qseg, kseg, b, i0 + r, j0 + c)) {
+              A acc = A(0);
+              for (std::int64_t y = 0; y < d; ++y) acc += qs[r * dp + y] * ks[c * dp + y];
+              A dc;
+              s = soft_capped(acc * sc, cap, dc);
+            }
+            ss[r * sp + c] = s;
+          });
+          t.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows), [&](const std::int64_t r) {
+            A* sr = ss + r * sp;
+            A mt = ms[r];
+            for (std::int64_t c = 0; c < cols; ++c) mt = sr[c] > mt ? sr[c] : mt;
+            if (mt == ninf) {  // nothing visible yet
+              as[r] = A(1);
+              for (std::int64_t c = 0; c < cols; ++c) sr[c] = A(0);
+              return;
+            }
+            const A alpha = ms[r] == ninf ? A(0) : math::exp(ms[r] - mt);
+            A sum = A(0);
+            for (std::int64_t c = 0; c < cols; ++c) {
+              const A p = sr[c] == ninf ? A(0) : math::exp(sr[c] - mt);
+              sr[c] = p;
+              sum += p;
+            }
+            ls[r] = ls[r] * alpha + sum;
+            ms[r] = mt;
+            as[r] = alpha;
+          });
+          t.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * e), [&](const std::int64_t x) {
+            const std::int64_t r = x / e, y = x - r * e;
+            const A* pr = ss + r * sp;
+            A acc = os[x] * as[r];
+            for (std::int64_t c = 0; c < cols; ++c) acc += pr[c] * vs[c * e + y];
+            os[x] = acc;
+          });
+        }
+        t.team_barrier();
+        T* ob = o + ooff[b] + i0 * old;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * e), [&](const std::int64_t x) {
+          const std::int64_t r = x / e, y = x - r * e;
+          ob[r * old + y] = static_cast<T>(ls[r] > A(0) ? os[x] / ls[r] : A(0));
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows), [&](const std::int64_t r) {
+          lse[b * nq + i0 + r] = static_cast<T>(ls[r] > A(0) ? ms[r] + math::log(ls[r]) : ninf);
+        });
+      });
+}
+
+/// The backward pass on tiles, as `backward_portable`: delta as there, then a team per query tile for dQ (the
+/// key tiles in order) and a team per key tile for dK and dV (its element's query groups in order, each one's
+/// query tiles in order), scores and probabilities recomputed in both. Writes every element of dq, dk and dv.
+template <class T>
+void backward_tiled(const geometry& g, const T* q, const T* k, const T* v, const T* o, const T* lse,
+                    const T* dout, T scale, T* dq, T* dk, T* dv, const tile_plan& pq, const tile_plan& pk) {
+  using A = tile_acc_t<T>;
+  haliax::detail::profile::region prof([] { return std::string("flash_attention backward"); },
+                                       5.0 * double(g.batch) * double(g.nq) * double(g.nk) * double(g.d + g.e));
+  const offset_table qt = device_offsets(g.ql.off, "haliax::nn::flash_attention(q offsets)");
+  const offset_table kt = device_offsets(g.kl.off, "haliax::nn::flash_attention(k offsets)");
+  const offset_table vt = device_offsets(g.vl.off, "haliax::nn::flash_attention(v offsets)");
+  const offset_table ot = device_offsets(g.ol.off, "haliax::nn::flash_attention(o offsets)");
+  const std::int64_t* qoff = qt.data();
+  const std::int64_t* koff = kt.data();
+  const std::int64_t* voff = vt.data();
+  const std::int64_t* ooff = ot.data();
+  const std::int64_t qld = g.ql.ld, kld = g.kl.ld, vld = g.vl.ld, old = g.ol.ld;
+  const std::int64_t nq = g.nq, nk = g.nk, d = g.d, e = g.e, q_per_kv = g.q_per_kv;
+  const std::int64_t qrows = g.batch * g.nq, dp = d + 1, ep = e + 1;
+  const std::int32_t* qseg = g.qseg;
+  const std::int32_t* kseg = g.kseg;
+  const portable_mask mask = mask_of(g);
+  const A ninf = -std::numeric_limits<A>::infinity();
+  const A cap = static_cast<A>(g.soft_cap), sc = static_cast<A>(scale);
+  const T tninf = -std::numeric_limits<T>::infinity();
+
+  haliax::detail::buffer_lease<T> delta_lease;
+  delta_lease.view = haliax::detail::buffer_cache<T>::take(static_cast<std::size_t>(qrows),
+                                                           "haliax::nn::flash_attention(delta)");
+  T* delta = delta_lease.view.data();
+  Kokkos::parallel_for(
+      "haliax::nn::flash_attention(delta)", portable_policy(0, qrows), KOKKOS_LAMBDA(const std::int64_t idx) {
+        const std::int64_t b = idx / nq, i = idx - b * nq;
+        const T* dr = dout + ooff[b] + i * old;
+        const T* orow = o + ooff[b] + i * old;
+        double acc = 0;
+        for (std::int64_t c = 0; c < e; ++c) acc += static_cast<double>(dr[c]) * static_cast<double>(orow[c]);
+        delta[idx] = static_cast<T>(acc);
+      });
+
+  // dQ: a team per query tile.
+  {
+    const std::int64_t bq = pq.bq, bk = pq.bk, sp = bk + 1, tiles = (nq + bq - 1) / bq;
+    const std::size_t bytes = pq.bytes;
+    Kokkos::parallel_for(
+        "haliax::nn::flash_attention(dq tiles)", tile_teams(g.batch * tiles, bytes),
+        KOKKOS_LAMBDA(const tile_member& t) {
+          namespace math = haliax::detail::math;
+          const std::int64_t b = t.league_rank() / tiles, i0 = (t.league_rank() - b * tiles) * bq;
+          const std::int64_t rows = nq - i0 < bq ? nq - i0 : bq, kb = b / q_per_kv;
+          A* qs = static_cast<A*>(t.team_scratch(0).get_shmem(bytes));
+          A* dos = qs + bq * dp;
+          A* ks = dos + bq * ep;
+          A* vs = ks + bk * dp;
+          A* ss = vs + bk * ep;
+          A* dqs = ss + bq * sp;
+          A* lses = dqs + bq * d;
+          A* dels = lses + bq;
+          const T* qb = q + qoff[b] + i0 * qld;
+          const T* db = dout + ooff[b] + i0 * old;
+          const T* kb0 = k + koff[kb];
+          const T* vb0 = v + voff[kb];
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * d), [&](const std::int64_t x) {
+            const std::int64_t r = x / d, c = x - r * d;
+            qs[r * dp + c] = static_cast<A>(qb[r * qld + c]);
+            dqs[x] = A(0);
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * e), [&](const std::int64_t x) {
+            const std::int64_t r = x / e, c = x - r * e;
+            dos[r * ep + c] = static_cast<A>(db[r * old + c]);
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows), [&](const std::int64_t r) {
+            const T l = lse[b * nq + i0 + r];
+            lses[r] = l == tninf ? ninf : static_cast<A>(l);
+            dels[r] = static_cast<A>(delta[b * nq + i0 + r]);
+          });
+          const std::int64_t jlo = mask.key_lo(i0), jhi = mask.key_hi(i0 + rows - 1);
+          for (std::int64_t j0 = jlo; j0 < jhi; j0 += bk) {
+            const std::int64_t cols = jhi - j0 < bk ? jhi - j0 : bk;
+            t.team_barrier();
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * d), [&](const std::int64_t x) {
+              const std::int64_t c = x / d, y = x - c * d;
+              ks[c * dp + y] = static_cast<A>(kb0[(j0 + c) * kld + y]);
+            });
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * e), [&](const std::int64_t x) {
+              const std::int64_t c = x / e, y = x - c * e;
+              vs[c * ep + y] = static_cast<A>(vb0[(j0 + c) * vld + y]);
+            });
+            t.team_barrier();
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * bk), [&](const std::int64_t x) {
+              const std::int64_t r = x / bk, c = x - r * bk;
+              A ds = A(0);
+              if (c < cols && lses[r] != ninf && tile_visible(mask, qseg, kseg, b, i0 + r, j0 + c)) {
+                A s = A(0), dpv = A(0);
+                for (std::int64_t y = 0; y < d; ++y) s += qs[r * dp + y] * ks[c * dp + y];
+                for (std::int64_t y = 0; y < e; ++y) dpv += dos[r * ep + y] * vs[c * ep + y];
+                A dc;
+                const A p = math::exp(soft_capped(s * sc, cap, dc) - lses[r]);
+                ds = p * (dpv - dels[r]) * dc;
+              }
+              ss[r * sp + c] = ds;
+            });
+            t.team_barrier();
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * d), [&](const std::int64_t x) {
+              const std::int64_t r = x / d, y = x - r * d;
+              const A* sr = ss + r * sp;
+              A acc = dqs[x];
+              for (std::int64_t c = 0; c < cols; ++c) acc += sr[c] * ks[c * dp + y];
+              dqs[x] = acc;
+            });
+          }
+          t.team_barrier();
+          T* dqb = dq + qoff[b] + i0 * qld;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * d), [&](const std::int64_t x) {
+            const std::int64_t r = x / d, y = x - r * d;
+            dqb[r * qld + y] = static_cast<T>(dqs[x] * sc);
+          });
+        });
+  }
+
+  // dK and dV: a team per key tile of a key/value element.
+  {
+    const std::int64_t bq = pk.bq, bk = pk.bk, sp = bk + 1, tiles = (nk + bk - 1) / bk;
+    const std::size_t bytes = pk.bytes;
+    Kokkos::parallel_for(
+        "haliax::nn::flash_attention(dk dv tiles)", tile_teams(g.kv_batch * tiles, bytes),
+        KOKKOS_LAMBDA(const tile_member& t) {
+          namespace math = haliax::detail::math;
+          const std::int64_t kb = t.league_rank() / tiles, j0 = (t.league_rank() - kb * tiles) * bk;
+          const std::int64_t cols = nk - j0 < bk ? nk - j0 : bk;
+          A* ks = static_cast<A*>(t.team_scratch(0).get_shmem(bytes));
+          A* vs = ks + bk * dp;
+          A* qs = vs + bk * ep;
+          A* dos = qs + bq * dp;
+          A* ps = dos + bq * ep;
+          A* dss = ps + bq * sp;
+          A* dks = dss + bq * sp;
+          A* dvs = dks + bk * d;
+          A* lses = dvs + bk * e;
+          A* dels = lses + bq;
+          const T* kb0 = k + koff[kb] + j0 * kld;
+          const T* vb0 = v + voff[kb] + j0 * vld;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * d), [&](const std::int64_t x) {
+            const std::int64_t c = x / d, y = x - c * d;
+            ks[c * dp + y] = static_cast<A>(kb0[c * kld + y]);
+            dks[x] = A(0);
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * e), [&](const std::int64_t x) {
+            const std::int64_t c = x / e, y = x - c * e;
+            vs[c * ep + y] = static_cast<A>(vb0[c * vld + y]);
+            dvs[x] = A(0);
+          });
+          const std::int64_t ilo = mask.row_lo(j0), ihi = mask.row_hi(j0 + cols - 1);
+          for (std::int64_t h = 0; h < q_per_kv; ++h) {
+            const std::int64_t b = kb * q_per_kv + h;
+            const T* qb0 = q + qoff[b];
+            const T* db0 = dout + ooff[b];
+            for (std::int64_t i0 = ilo; i0 < ihi; i0 += bq) {
+              const std::int64_t rows = ihi - i0 < bq ? ihi - i0 : bq;
+              t.team_barrier();
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * d), [&](const std::int64_t x) {
+                const std::int64_t r = x / d, y = x - r * d;
+                qs[r * dp + y] = static_cast<A>(qb0[(i0 + r) * qld + y]);
+              });
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * e), [&](const std::int64_t x) {
+                const std::int64_t r = x / e, y = x - r * e;
+                dos[r * ep + y] = static_cast<A>(db0[(i0 + r) * old + y]);
+              });
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows), [&](const std::int64_t r) {
+                const T l = lse[b * nq + i0 + r];
+                lses[r] = l == tninf ? ninf : static_cast<A>(l);
+                dels[r] = static_cast<A>(delta[b * nq + i0 + r]);
+              });
+              t.team_barrier();
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(t, rows * bk), [&](const std::int64_t x) {
+                const std::int64_t r = x / bk, c = x - r * bk;
+                A p = A(0), ds = A(0);
+                if (c < cols && lses[r] != ninf && tile_visible(mask, qseg, kseg, b, i0 + r, j0 + c)) {
+                  A s = A(0), dpv = A(0);
+                  for (std::int64_t y = 0; y < d; ++y) s += qs[r * dp + y] * ks[c * dp + y];
+                  for (std::int64_t y = 0; y < e; ++y) dpv += dos[r * ep + y] * vs[c * ep + y];
+                  A dc;
+                  p = math::exp(soft_capped(s * sc, cap, dc) - lses[r]);
+                  ds = p * (dpv - dels[r]) * dc;
+                }
+                ps[r * sp + c] = p;
+                dss[r * sp + c] = ds;
+              });
+              t.team_barrier();
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * e), [&](const std::int64_t x) {
+                const std::int64_t c = x / e, y = x - c * e;
+                A acc = dvs[x];
+                for (std::int64_t r = 0; r < rows; ++r) acc += ps[r * sp + c] * dos[r * ep + y];
+                dvs[x] = acc;
+              });
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * d), [&](const std::int64_t x) {
+                const std::int64_t c = x / d, y = x - c * d;
+                A acc = dks[x];
+                for (std::int64_t r = 0; r < rows; ++r) acc += dss[r * sp + c] * qs[r * dp + y];
+                dks[x] = acc;
+              });
+            }
+          }
+          t.team_barrier();
+          T* dkb = dk + koff[kb] + j0 * kld;
+          T* dvb = dv + voff[kb] + j0 * vld;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * d), [&](const std::int64_t x) {
+            const std::int64_t c = x / d, y = x - c * d;
+            dkb[c * kld + y] = static_cast<T>(dks[x] * sc);
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(t, cols * e), [&](const std::int64_t x) {
+            const std::int64_t c = x / e, y = x - c * e;
+            dvb[c * vld + y] = static_cast<T>(dvs[x]);
+          });
+        });
+  }
+}
+
+/// Whether the portable path runs the tiled kernels (the default) or the row kernels (`HALIAX_ATTENTION_TILES=0`,
+/// or `tiles_scope`), for A/B checks; a shape whose tiles do not fit in team scratch runs the row kernels anyway.
+inline std::atomic<int>& tiles_override() {
+  static std::atomic<int> v{-1};
+  return v;
+}
+inline bool tiles_enabled() {
+  const int o = tiles_override().load();
+  if (o >= 0) return o != 0;
+  static const bool env = [] {
+    const char* e = std::getenv("HALIAX_ATTENTION_TILES");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  return env;
+}
+
+/// Runs the portable path's tiled kernels (on) or its row kernels (off) until the scope ends.
+struct tiles_scope {
+  explicit tiles_scope(bool on) : saved_(tiles_override().exchange(on ? 1 : 0)) {}
+  ~tiles_scope() { tiles_override().store(saved_); }
+  tiles_scope(const tiles_scope&) = delete;
+  tiles_scope& operator=(const tiles_scope&) = delete;
+
+ private:
+  int saved_;
+};
+
+/// The forward pass of the portable path: the tiled kernels where a plan fits, else the row kernels.
+template <class T>
+void forward_portable(const geometry& g, const T* q, const T* k, const T* v, T* o, T* lse, T scale) {
+  const tile_plan plan = plan_tiles<tile_acc_t<T>>(tile_kernel::forward, g.d, g.e);
+  if (tiles_enabled() && plan.bytes > 0) {
+    forward_tiled<T>(g, q, k, v, o, lse, scale, plan);
+  } else {
+    forward_rows<T>(g, q, k, v, o, lse, scale);
+  }
+}
+
+/// The backward pass of the portable path: the tiled kernels where both plans fit, else the row kernels.
+template <class T>
+void backward_portable(const geometry& g, const T* q, const T* k, const T* v, const T* o, const T* lse,
+                       const T* dout, T scale, T* dq, T* dk, T* dv) {
+  const tile_plan pq = plan_tiles<tile_acc_t<T>>(tile_kernel::dq, g.d, g.e);
+  const tile_plan pk = plan_tiles<tile_acc_t<T>>(tile_kernel::dkdv, g.d, g.e);
+  if (tiles_enabled() && pq.bytes > 0 && pk.bytes > 0) {
+    backward_tiled<T>(g, q, k, v, o, lse, dout, scale, dq, dk, dv, pq, pk);
+  } else {
+    backward_rows<T>(g, q, k, v, o, lse, dout, scale, dq, dk, dv);
+  }
 }
 
 /// Segment ids (axes a subset of batch + position, with the position) packed into [batch..., pos].

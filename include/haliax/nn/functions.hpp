@@ -982,7 +982,7 @@ void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, com
       if (n >= 1024 && n <= stream_max_row && outer * n * static_cast<std::int64_t>(sizeof(T)) >= stream_min_bytes) {
         const std::int64_t items = (outer + stream_rows_per_item - 1) / stream_rows_per_item;
         Kokkos::parallel_for(
-            label, Kokkos::RangePolicy<execution_space>(0, items), KOKKOS_LAMBDA(std::int64_t w) {
+            label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, items), KOKKOS_LAMBDA(std::int64_t w) {
               const std::int64_t r0 = w * stream_rows_per_item;
               const std::int64_t r1 = r0 + stream_rows_per_item < outer ? r0 + stream_rows_per_item : outer;
               if (isa == host_isa::avx512) {
@@ -998,7 +998,7 @@ void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, com
     }
 #endif
     Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
+        label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
           const T* xr = x + o * n;
           T* yr = Op == axis_op::logsumexp ? nullptr : y + o * n;
           T* orow = Op == axis_op::logsumexp ? out + o : nullptr;
@@ -1021,7 +1021,7 @@ void run_axis_op(const char* label, const T* x, T* y, T* out, axis_split sp, com
   constexpr int B = block_width;
   const std::int64_t nb = (inner + B - 1) / B;
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
         const std::int64_t o = w / nb;
         const std::int64_t i0 = (w - o * nb) * B;
         const int b = inner - i0 < B ? static_cast<int>(inner - i0) : B;
@@ -1395,7 +1395,7 @@ void run_axis_grad(const char* label, const T* a, const T* g, const T* z, T* dx,
         std::is_same_v<T, float> && !reduced && outer * n * static_cast<std::int64_t>(sizeof(T)) >= stream_min_bytes;
 #endif
     Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
+        label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer), KOKKOS_LAMBDA(std::int64_t o) {
           const T* ar = a + o * n;
           const T* gr = reduced ? g + o : g + o * n;
           const T* zr = reduced ? z + o : nullptr;
@@ -1420,7 +1420,7 @@ void run_axis_grad(const char* label, const T* a, const T* g, const T* z, T* dx,
   constexpr int B = block_width;
   const std::int64_t nb = (inner + B - 1) / B;
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
         const std::int64_t o = w / nb;
         const std::int64_t i0 = (w - o * nb) * B;
         const int b = inner - i0 < B ? static_cast<int>(inner - i0) : B;
@@ -1677,7 +1677,7 @@ void elementwise_pooled(const char* label, const T* a, const T* b, T* out, std::
     }
   }
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
         HALIAX_CAPTURE(a, b, out, op);
         if constexpr (Binary)
           hd::store(out, i, op(hd::load(a, i), hd::load(b, i)));
@@ -1829,7 +1829,7 @@ template <class R>
 void one_hot_kernel(const std::int32_t* in, R* out, std::int64_t n, std::int64_t nc, compute_t<R> von,
                     compute_t<R> voff) {
   Kokkos::parallel_for(
-      "haliax::nn::one_hot", Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t e) {
+      "haliax::nn::one_hot", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t e) {
         const std::int64_t label = in[e];
         R* row = out + e * nc;
         for (std::int64_t c = 0; c < nc; ++c) st(row, c, c == label ? von : voff);
@@ -2036,7 +2036,7 @@ template <class T>
 void glu_kernel(const T* in, T* out, std::int64_t outer, std::int64_t h, std::int64_t inner) {
   using V = compute_t<T>;
   Kokkos::parallel_for(
-      "haliax::nn::glu", Kokkos::RangePolicy<execution_space>(0, outer * h), KOKKOS_LAMBDA(std::int64_t w) {
+      "haliax::nn::glu", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer * h), KOKKOS_LAMBDA(std::int64_t w) {
         const std::int64_t o = w / h, j = w - o * h;
         const T* a = in + (o * 2 * h + j) * inner;
         const T* b = a + h * inner;
@@ -2054,7 +2054,7 @@ template <class T>
 void glu_grad_kernel(const T* in, const T* pg, T* out, std::int64_t outer, std::int64_t h, std::int64_t inner) {
   using V = compute_t<T>;
   Kokkos::parallel_for(
-      "haliax::nn::glu_grad", Kokkos::RangePolicy<execution_space>(0, outer * h), KOKKOS_LAMBDA(std::int64_t w) {
+      "haliax::nn::glu_grad", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer * h), KOKKOS_LAMBDA(std::int64_t w) {
         const std::int64_t o = w / h, j = w - o * h;
         const std::int64_t ia = (o * 2 * h + j) * inner, ib = ia + h * inner;
         const T* gq = pg + w * inner;

@@ -80,14 +80,14 @@ void ordered_sum(const char* label, std::int64_t n, const F& f, double* out) {
   double* pp = part.view.data();
   if (blocks > 0)
     Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<execution_space>(0, blocks), KOKKOS_LAMBDA(std::int64_t b) {
+        label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, blocks), KOKKOS_LAMBDA(std::int64_t b) {
           double acc = 0;
           const std::int64_t end = (b + 1) * block < n ? (b + 1) * block : n;
           for (std::int64_t r = b * block; r < end; ++r) f(r, acc);
           pp[b] = acc;
         });
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, 1), KOKKOS_LAMBDA(std::int64_t) {
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, 1), KOKKOS_LAMBDA(std::int64_t) {
         double total = 0;
         for (std::int64_t b = 0; b < blocks; ++b) total += pp[b];
         out[0] = total;
@@ -417,7 +417,7 @@ void ce_backward_flat(const T* x, const Tgt* tg, axis_split sp, const compute_t<
   using V = compute_t<T>;
   const std::int64_t n = sp.n, inner = sp.inner, per = n * inner;
   Kokkos::parallel_for(
-      "haliax::nn::cross_entropy_grad", Kokkos::RangePolicy<execution_space>(0, sp.outer * per),
+      "haliax::nn::cross_entropy_grad", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, sp.outer * per),
       KOKKOS_LAMBDA(std::int64_t e) {
         HALIAX_CAPTURE(tg, dx, dt, c);
         const std::int64_t o = e / per, rem = e - o * per, j = rem / inner, r = o * inner + (rem - j * inner);
@@ -439,7 +439,7 @@ void ce_forward(const T* x, const Tgt* tg, axis_split sp, compute_t<T>* lse, com
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   if (inner == 1) {
     Kokkos::parallel_for(
-        "haliax::nn::cross_entropy", Kokkos::RangePolicy<execution_space>(0, outer), KOKKOS_LAMBDA(std::int64_t r) {
+        "haliax::nn::cross_entropy", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer), KOKKOS_LAMBDA(std::int64_t r) {
           HALIAX_CAPTURE(tg, ce, ts, isa);
           const T* xr = x + r * n;
           auto acc = lse_start<V>();
@@ -467,7 +467,7 @@ void ce_forward(const T* x, const Tgt* tg, axis_split sp, compute_t<T>* lse, com
   constexpr int B = block_width;
   const std::int64_t nb = (inner + B - 1) / B;
   Kokkos::parallel_for(
-      "haliax::nn::cross_entropy", Kokkos::RangePolicy<execution_space>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
+      "haliax::nn::cross_entropy", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer * nb), KOKKOS_LAMBDA(std::int64_t w) {
         HALIAX_CAPTURE(tg, ce, ts);
         const std::int64_t o = w / nb;
         const std::int64_t i0 = (w - o * nb) * B;
@@ -527,7 +527,7 @@ void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* l
     stream = std::is_same_v<T, float> && outer * n * static_cast<std::int64_t>(sizeof(T)) >= stream_min_bytes;
 #endif
     Kokkos::parallel_for(
-        "haliax::nn::cross_entropy_grad", Kokkos::RangePolicy<execution_space>(0, outer),
+        "haliax::nn::cross_entropy_grad", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer),
         KOKKOS_LAMBDA(std::int64_t r) {
           HALIAX_CAPTURE(x, tg, dx, dt, lse, ca, c, isa, stream, n);
           if constexpr (dense_targets_v<Tgt>) {
@@ -543,7 +543,7 @@ void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* l
   constexpr int B = block_width;
   const std::int64_t nb = (inner + B - 1) / B;
   Kokkos::parallel_for(
-      "haliax::nn::cross_entropy_grad", Kokkos::RangePolicy<execution_space>(0, outer * nb),
+      "haliax::nn::cross_entropy_grad", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer * nb),
       KOKKOS_LAMBDA(std::int64_t w) {
         const std::int64_t o = w / nb;
         const std::int64_t i0 = (w - o * nb) * B;
@@ -562,7 +562,7 @@ void ce_backward(const T* x, const Tgt* tg, axis_split sp, const compute_t<T>* l
 template <class T, class V>
 void token_losses(T* po, const V* pl, const V* pc, const bool* mask, V wv, std::int64_t tokens) {
   Kokkos::parallel_for(
-      "haliax::nn::cross_entropy(tokens)", Kokkos::RangePolicy<execution_space>(0, tokens),
+      "haliax::nn::cross_entropy(tokens)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, tokens),
       KOKKOS_LAMBDA(std::int64_t r) {
         st(po, r, mask && !mask[r] ? V(0) : pc[r] + (wv != V(0) ? wv * pl[r] * pl[r] : V(0)));
       });
@@ -587,7 +587,7 @@ template <class T>
 void finish_loss(T* out, const double* total, const double* kept, double tokens, bool mean) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Kokkos::parallel_for(
-      "haliax::nn::cross_entropy(reduce)", Kokkos::RangePolicy<execution_space>(0, 1), KOKKOS_LAMBDA(std::int64_t) {
+      "haliax::nn::cross_entropy(reduce)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, 1), KOKKOS_LAMBDA(std::int64_t) {
         double t = total[0];
         if (mean) {
           const double c = kept != nullptr ? kept[0] : tokens;
@@ -602,7 +602,7 @@ void ce_coefficients_kernel(const T* pg, const bool* mask, const Tgt* ids, const
                             bool per_token) {
   const double tokens = static_cast<double>(count_tokens);
   Kokkos::parallel_for(
-      "haliax::nn::cross_entropy_grad(coefficients)", Kokkos::RangePolicy<execution_space>(0, count_tokens),
+      "haliax::nn::cross_entropy_grad(coefficients)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, count_tokens),
       KOKKOS_LAMBDA(std::int64_t r) {
         HALIAX_CAPTURE(ids, ts, n, kept, tokens);
         // the mean's 1 / count, from the device count (as the host computed it from the count before)
@@ -900,7 +900,7 @@ void blockwise_fold(const T* logits, std::int64_t tokens, std::int64_t nb, std::
     return blockwise_fold_team<T>(logits, tokens, nb, v0, ids, acc, xt);
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   Kokkos::parallel_for(
-      "haliax::nn::blockwise_cross_entropy(block)", Kokkos::RangePolicy<execution_space>(0, tokens),
+      "haliax::nn::blockwise_cross_entropy(block)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, tokens),
       KOKKOS_LAMBDA(std::int64_t r) {
         const T* row = logits + r * nb;
         lse_fold_isa<false>(isa, row, static_cast<const T*>(nullptr), nb, acc[r]);
@@ -916,7 +916,7 @@ void blockwise_grad_block(T* logits, std::int64_t tokens, std::int64_t nb, std::
   if (!haliax::detail::use_host_kernels(haliax::kernels::family::cross_entropy)) {
     // The portable path: one work item per logit (coalesced on a GPU), the class-id formula of ce_grad_element.
     Kokkos::parallel_for(
-        "haliax::nn::blockwise_cross_entropy_grad(block)", Kokkos::RangePolicy<execution_space>(0, tokens * nb),
+        "haliax::nn::blockwise_cross_entropy_grad(block)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, tokens * nb),
         KOKKOS_LAMBDA(std::int64_t e) {
           const std::int64_t r = e / nb, j = e - r * nb;
           st(logits, e, ce_class_grad(ld(logits, e), lse[r], ca[r], c[r], ids[r] - v0 == j));
@@ -925,7 +925,7 @@ void blockwise_grad_block(T* logits, std::int64_t tokens, std::int64_t nb, std::
   }
   [[maybe_unused]] const host_isa isa = detect_host_isa();
   Kokkos::parallel_for(
-      "haliax::nn::blockwise_cross_entropy_grad(block)", Kokkos::RangePolicy<execution_space>(0, tokens),
+      "haliax::nn::blockwise_cross_entropy_grad(block)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, tokens),
       KOKKOS_LAMBDA(std::int64_t r) {
         T* row = logits + r * nb;
 #ifdef HALIAX_NN_ISA_DISPATCH
@@ -939,7 +939,7 @@ void blockwise_grad_block(T* logits, std::int64_t tokens, std::int64_t nb, std::
 template <class T>
 void add_into(compute_t<T>* acc, const T* x, std::int64_t n) {
   Kokkos::parallel_for(
-      "haliax::nn::blockwise_cross_entropy_grad(accumulate)", Kokkos::RangePolicy<execution_space>(0, n),
+      "haliax::nn::blockwise_cross_entropy_grad(accumulate)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { acc[i] += ld(x, i); });
 }
 
@@ -948,7 +948,7 @@ void add_into(compute_t<T>* acc, const T* x, std::int64_t n) {
 template <class V>
 void blockwise_init(lse_acc<V>* pa, V* pxt, std::int64_t tokens) {
   Kokkos::parallel_for(
-      "haliax::nn::blockwise_cross_entropy(init)", Kokkos::RangePolicy<execution_space>(0, tokens),
+      "haliax::nn::blockwise_cross_entropy(init)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, tokens),
       KOKKOS_LAMBDA(std::int64_t r) {
         pa[r] = lse_start<V>();
         pxt[r] = V(0);
@@ -958,7 +958,7 @@ template <class V>
 void blockwise_finish(const lse_acc<V>* pa, const V* pxt, const std::int32_t* pid, V* pl, V* pc, std::int64_t tokens,
                       std::int64_t vocab) {
   Kokkos::parallel_for(
-      "haliax::nn::blockwise_cross_entropy(finish)", Kokkos::RangePolicy<execution_space>(0, tokens),
+      "haliax::nn::blockwise_cross_entropy(finish)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, tokens),
       KOKKOS_LAMBDA(std::int64_t r) {
         const V z = pa[r].bad ? std::numeric_limits<V>::quiet_NaN() : lse_finish(pa[r]);
         pl[r] = z;
@@ -968,13 +968,13 @@ void blockwise_finish(const lse_acc<V>* pa, const V* pxt, const std::int32_t* pi
 template <class T>
 void blockwise_zero(T* p, std::int64_t n) {
   Kokkos::parallel_for(
-      "haliax::nn::blockwise_cross_entropy_grad(zero)", Kokkos::RangePolicy<execution_space>(0, n),
+      "haliax::nn::blockwise_cross_entropy_grad(zero)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { p[i] = T(0); });
 }
 template <class T, class V>
 void blockwise_store(T* p, const V* a, std::int64_t n) {
   Kokkos::parallel_for(
-      "haliax::nn::blockwise_cross_entropy_grad(hidden)", Kokkos::RangePolicy<execution_space>(0, n),
+      "haliax::nn::blockwise_cross_entropy_grad(hidden)", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { st(p, i, a[i]); });
 }
 

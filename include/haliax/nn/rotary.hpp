@@ -156,8 +156,11 @@ template <class T>
 void rotate(const T* x, T* y, const float* cs, const float* sn, std::int64_t rows, std::int64_t inner,
             std::int64_t npos, std::int64_t d, float sign) {
   const std::int64_t h = d / 2;
-  Kokkos::parallel_for("haliax::nn::apply_rotary", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, rows),
-                       [=](std::int64_t r) {
+  // In the arrays' execution space: host code must not read device memory (it ran on the host until 2026-11-29, and
+  // the first Llama step on a GPU crashed here).
+  Kokkos::parallel_for("haliax::nn::apply_rotary",
+                       Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, rows),
+                       KOKKOS_LAMBDA(const std::int64_t r) {
                          const std::int64_t p = (r / inner) % npos;
                          const T* xr = x + r * d;
                          T* yr = y + r * d;

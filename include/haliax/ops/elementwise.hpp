@@ -86,7 +86,7 @@ KOKKOS_INLINE_FUNCTION void store(T* p, std::int64_t i, V v) {
 template <class Out, class T, class Op>
 void map_kernel(const char* label, const T* in, Out* out, std::int64_t n, Op op) {
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, n),
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { store(out, i, op(load(in, i))); });
 }
 
@@ -114,7 +114,7 @@ void zip_kernel(const char* label, const nd_plan<3>& plan, const TA* pa, const T
 template <class U, class T>
 void astype_kernel(const T* in, U* out, std::int64_t n) {
   Kokkos::parallel_for(
-      "haliax::astype", Kokkos::RangePolicy<execution_space>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+      "haliax::astype", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
         HALIAX_CAPTURE(in, out);
         if constexpr (std::is_same_v<U, bool>) {
           out[i] = static_cast<compute_t<T>>(in[i]) != compute_t<T>(0);

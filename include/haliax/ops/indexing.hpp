@@ -291,7 +291,7 @@ void take_grad_kernel(const take_grad_dims& p, const T* pg, A* pa, const std::in
                       std::int64_t n, bool clip) {
     const take_grad_dims q = p;
     Kokkos::parallel_for(
-        "haliax::take_grad", Kokkos::RangePolicy<execution_space>(0, outer * per_row), KOKKOS_LAMBDA(std::int64_t t) {
+        "haliax::take_grad", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, outer * per_row), KOKKOS_LAMBDA(std::int64_t t) {
           const std::int64_t ob = t / per_row;
           const std::int64_t a0 = (t - ob * per_row) * block;
           const std::int64_t a1 = a0 + block < inner ? a0 + block : inner;

@@ -210,7 +210,7 @@ void unslab_kernel(const char* label, const T* src, T* po, std::int64_t rows, st
   constexpr std::int64_t block = host_memory ? 4096 : 1;  // elements per work item: runs on the host, one on a device
   const std::int64_t nb = (dst_w + block - 1) / block;
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, rows * nb), KOKKOS_LAMBDA(std::int64_t t) {
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, rows * nb), KOKKOS_LAMBDA(std::int64_t t) {
         const std::int64_t row = t / nb;
         const std::int64_t b0 = (t - row * nb) * block;
         const std::int64_t b1 = b0 + block < dst_w ? b0 + block : dst_w;

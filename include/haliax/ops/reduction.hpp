@@ -98,7 +98,7 @@ void run_reduction(const char* label, const reduce_plan& plan, const T* in, cons
   const reduce_plan p = plan;
   if (p.out_count == 0) return;
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+      label, Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
         std::int64_t base_in = 0, base_m = 0;
         std::int64_t rem = o;
         for (int d = p.kept_rank - 1; d >= 0; --d) {
@@ -303,7 +303,7 @@ KOKKOS_INLINE_FUNCTION void for_each_reduced(const reduce_plan& p, std::int64_t 
 // haliax::detail::fill_raw).
 inline void masked_counts_kernel(const reduce_plan& p, const bool* pm, double* pc) {
   Kokkos::parallel_for(
-      "haliax::masked_counts", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+      "haliax::masked_counts", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
         std::int64_t n = 0;
         for_each_reduced(p, o, [&](std::int64_t, std::int64_t om) { n += pm[om] ? 1 : 0; });
         pc[o] = static_cast<double>(n);
@@ -313,7 +313,7 @@ inline void masked_counts_kernel(const reduce_plan& p, const bool* pm, double* p
 template <class T>
 void prod_grad_kernel(const reduce_plan& p, const T* px, const T* pg, const bool* pm, T* po) {
   Kokkos::parallel_for(
-      "haliax::prod_grad", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+      "haliax::prod_grad", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
         std::int64_t zeros = 0;
         double others = 1;  // the product of the non-zero elements
         for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {
@@ -344,7 +344,7 @@ void prod_grad_kernel(const reduce_plan& p, const T* px, const T* pg, const bool
 template <class T>
 void extremum_grad_kernel(const reduce_plan& p, const T* px, const T* py, const T* pg, const bool* pm, T* po) {
   Kokkos::parallel_for(
-      "haliax::extremum_grad", Kokkos::RangePolicy<execution_space>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
+      "haliax::extremum_grad", Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>(0, p.out_count), KOKKOS_LAMBDA(std::int64_t o) {
         const auto ans = load(py, o);
         std::int64_t ties = 0;
         for_each_reduced(p, o, [&](std::int64_t oi, std::int64_t om) {

@@ -51,7 +51,7 @@ inline void add_from_host(float* dst, const float* src, std::int64_t n) {
   from_host(src, tmp.data(), n);
   const float* t = tmp.data();
   Kokkos::parallel_for(
-      "levanter::distributed::add_from_host", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n),
+      "levanter::distributed::add_from_host", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { dst[i] += t[i]; });
 }
 
@@ -59,7 +59,7 @@ inline void add_from_host(float* dst, const float* src, std::int64_t n) {
 inline void scale(float* x, std::int64_t n, float s) {
   if (n <= 0) return;
   Kokkos::parallel_for(
-      "levanter::distributed::scale", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, n),
+      "levanter::distributed::scale", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { x[i] = x[i] * s; });
 }
 
