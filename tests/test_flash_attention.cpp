@@ -338,7 +338,7 @@ TEST_CASE("flash attention: portable kernels against plain attention and finite 
   gradcheck::check_output_gradient([&](const qkv<double>& m) { return flash_of(m, so); }, small);
 }
 
-TEST_CASE("flash attention: the portable tiled kernels match the row kernels; tile plans depend on the head sizes only") {
+TEST_CASE("flash attention: the portable tiled kernels match the row kernels, and tile plans depend on the head sizes only") {
   namespace attn = nn::detail::attn;
   // The plans a GPT-2 / Llama 2 head (64) gets: shared memory under 40 KiB, key tiles reused by 32 query rows.
   const auto f = attn::plan_tiles<float>(attn::tile_kernel::forward, 64, 64);
