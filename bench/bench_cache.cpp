@@ -246,15 +246,17 @@ std::shared_ptr<data::token_cache> build_sft_cache(const fs::path& dir, int thre
   return cache;
 }
 
-void BM_sft_rows(benchmark::State& st) {
+// A cache of the chat corpus built from scratch by `build(dir, threads)` (threads: the benchmark's argument).
+template <class Build>
+void rows_bench(benchmark::State& st, const std::string& name, Build build) {
   the_chat_corpus();
   std::int64_t tokens = 0, docs = 0;
   for (auto _ : st) {
     st.PauseTiming();
-    const fs::path dir = bench_dir() / ("sft-" + std::to_string(::getpid()));
+    const fs::path dir = bench_dir() / (name + "-" + std::to_string(::getpid()));
     fs::remove_all(dir);
     st.ResumeTiming();
-    auto cache = build_sft_cache(dir, static_cast<int>(st.range(0)));
+    auto cache = build(dir, static_cast<int>(st.range(0)));
     tokens = cache->total_tokens();
     docs = cache->committed_docs();
     st.PauseTiming();
@@ -268,28 +270,65 @@ void BM_sft_rows(benchmark::State& st) {
   st.counters["threads"] = static_cast<double>(st.range(0));
 }
 
+// Every example of `make()` made, as the loader makes them.
+template <class Make>
+void pack_bench(benchmark::State& st, const data::token_cache& cache, Make make) {
+  std::int64_t examples = 0, tokens = 0;
+  std::vector<std::int32_t> toks(1024), seg(1024);
+  std::vector<std::uint8_t> keep(1024);
+  for (auto _ : st) {
+    const data::packed_examples packs = make();
+    examples = packs.size();
+    tokens = 0;
+    for (std::int64_t k = 0; k < examples; ++k) {
+      packs.example(k, true, toks.data(), keep.data(), seg.data());
+      for (const auto& p : packs.pieces(k)) tokens += p.n;
+    }
+  }
+  st.counters["docs_per_s"] = benchmark::Counter(static_cast<double>(cache.committed_docs()),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["Mtokens_per_s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["examples"] = static_cast<double>(examples);
+}
+
+void BM_sft_rows(benchmark::State& st) { rows_bench(st, "sft", build_sft_cache); }
+
 void BM_sft_pack(benchmark::State& st) {
   const auto cache = build_sft_cache(bench_dir() / "sft-pack", 2);
   data::prompt_completion_options o;
   o.seq_len = 1024;
   o.max_seq_len = 1024;
   o.key = haliax::random::make_key(0);
-  std::int64_t examples = 0, tokens = 0;
-  std::vector<std::int32_t> toks(1024), seg(1024);
-  std::vector<std::uint8_t> keep(1024);
-  for (auto _ : st) {
-    const data::packed_examples packs(cache, o);
-    examples = packs.size();
-    tokens = 0;
-    for (std::int64_t k = 0; k < examples; ++k) {  // and every example made, as the loader makes them
-      packs.example(k, true, toks.data(), keep.data(), seg.data());
-      for (const auto& p : packs.pieces(k)) tokens += p.n;
-    }
-  }
-  st.counters["docs_per_s"] = benchmark::Counter(static_cast<double>(cache->committed_docs()),
-                                                 benchmark::Counter::kIsIterationInvariantRate);
-  st.counters["Mtokens_per_s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
-  st.counters["examples"] = static_cast<double>(examples);
+  pack_bench(st, *cache, [&] { return data::packed_examples(cache, o); });
+}
+
+// Multi-turn chat (format: {type: chat}): the same corpus rendered with a Llama 3 style template (the chat_data
+// golden tokenizer's own, with {% generation %} masks), tokenized, masked and cached; then packed at 1024.
+const data::tokenizer& chat_tok() {
+  static data::tokenizer t =
+      data::tokenizer::from_file((fs::path(__FILE__).parent_path().parent_path() / "tests/golden/chat_data").string());
+  return t;
+}
+
+std::shared_ptr<data::token_cache> build_chat_cache(const fs::path& dir, int threads) {
+  data::source_options src;
+  src.chat = true;
+  src.messages_field = "messages";
+  data::cache_options o;
+  o.num_threads = threads;
+  const std::string tmpl = *chat_tok().chat_template();
+  auto cache = data::open_or_build_cache(dir.string(), {the_chat_corpus()}, src,
+                                         data::make_chat_encode_fn(chat_tok(), tmpl, true),
+                                         data::chat_metadata(chat_tok(), tmpl, "messages"), o);
+  cache->total_tokens();
+  return cache;
+}
+
+void BM_chat_rows(benchmark::State& st) { rows_bench(st, "chat", build_chat_cache); }
+
+void BM_chat_pack(benchmark::State& st) {
+  const auto cache = build_chat_cache(bench_dir() / "chat-pack", 2);
+  pack_bench(st, *cache, [&] { return data::packed_examples::chat(cache, 1024, 64); });
 }
 
 }  // namespace
@@ -301,6 +340,8 @@ BENCHMARK(BM_build<false>)->Name("BM_build/byte")->Args({1, 1})->Args({2, 1})->A
 BENCHMARK(BM_build<true>)->Name("BM_build/gpt2_style")->Args({1, 1})->Args({2, 1})->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_sft_rows)->Arg(1)->Arg(2)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
 BENCHMARK(BM_sft_pack)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_chat_rows)->Arg(1)->Arg(2)->Unit(benchmark::kSecond)->Iterations(1)->UseRealTime();
+BENCHMARK(BM_chat_pack)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 int main(int argc, char** argv) {
   benchmark::AddCustomContext("hardware_concurrency", std::to_string(std::thread::hardware_concurrency()));

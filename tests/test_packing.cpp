@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <levanter/data/error.hpp>
+#include <levanter/data/jinja.hpp>
 #include <levanter/data/packing.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -372,5 +373,251 @@ TEST_CASE("text packing: whole documents, long ones in seq_len pieces, the loss 
   CHECK(std::vector<int>(keep.begin(), keep.end()) == std::vector<int>{1, 1, 0, 1, 0, 0, 0, 0});
   packs.example(2, false, tokens.data(), keep.data(), seg.data());
   CHECK(std::vector<int>(keep.begin(), keep.end()) == std::vector<int>{1, 1, 1, 1, 1, 1, 1, 0});
+  fs::remove_all(dir);
+}
+
+namespace {
+
+nlohmann::json load_chat_golden() {
+  const std::string path = std::string(HALIAX_GOLDEN_DIR) + "/chat_data/golden.json";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot open " << path);
+  return nlohmann::json::parse(in);
+}
+
+std::string chat_dir() { return std::string(HALIAX_GOLDEN_DIR) + "/chat_data"; }
+
+// The message that `f` throws (data_error), or "" when it does not throw.
+template <class F>
+std::string data_error_of(F&& f) {
+  try {
+    f();
+  } catch (const ld::data_error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("chat rows: ids and assistant masks equal transformers' apply_chat_template, template from the config") {
+  const auto golden = load_chat_golden();
+  const auto tok = ld::tokenizer::from_file(chat_dir());
+  // The tokenizer's own template (tokenizer_config.json) and the special tokens transformers passes to it.
+  REQUIRE(tok.chat_template().has_value());
+  CHECK(*tok.chat_template() == golden["templates"]["llama3_gen"].get<std::string>());
+  const auto& tt = tok.template_tokens();
+  REQUIRE(tt.size() == 2);
+  CHECK(tt[0] == std::pair<std::string, std::string>{"bos_token", "<|begin_of_text|>"});
+  CHECK(tt[1] == std::pair<std::string, std::string>{"eos_token", "<|end_of_text|>"});
+  CHECK(ld::chat_template_for(tok, ld::chat_format{}, std::nullopt) == *tok.chat_template());
+
+  int cases = 0, partial_edges = 0;
+  for (const auto& c : golden["cases"]) {
+    const std::string tname = c["template"].get<std::string>();
+    CAPTURE(tname);
+    CAPTURE(c["conversation"].get<int>());
+    const auto enc = ld::make_chat_encode_fn(tok, golden["templates"][tname].get<std::string>(), true);
+    const auto& conv = golden["conversations"][c["conversation"].get<std::size_t>()];
+    const auto row = enc(conv.dump());
+    const auto ids = c["input_ids"].get<std::vector<std::int32_t>>();
+    const auto masks = c["assistant_masks"].get<std::vector<std::int32_t>>();
+    REQUIRE(row.size() == 1 + 2 * ids.size());
+    CHECK(row[0] == static_cast<std::int32_t>(ids.size()));
+    CHECK(std::vector<std::int32_t>(row.begin() + 1, row.begin() + 1 + static_cast<std::ptrdiff_t>(ids.size())) == ids);
+    CHECK(std::vector<std::int32_t>(row.begin() + 1 + static_cast<std::ptrdiff_t>(ids.size()), row.end()) == masks);
+    // (token offsets: the rendered text's bytes are spelled by the ids)
+    const auto ends = tok.token_ends(ids, c["text"].get<std::string>());
+    CHECK(ends.back() == static_cast<std::int64_t>(c["text"].get<std::string>().size()));
+    if (tname == "space_gen") ++partial_edges;
+    ++cases;
+  }
+  CHECK(cases == 24);
+  CHECK(partial_edges == 6);
+}
+
+TEST_CASE("chat caches: rows packed whole, long ones cut to their first seq_len tokens, trained on the assistant") {
+  const auto golden = load_chat_golden();
+  const auto dir = train_helpers::temp_dir("levanter_test_packing", "chat");
+  fs::create_directories(dir);
+  const auto tok = ld::tokenizer::from_file(chat_dir());
+  const std::string tmpl = golden["templates"]["chatml_gen"].get<std::string>();
+  {
+    std::ofstream out(dir / "chats.jsonl");
+    for (const auto& conv : golden["conversations"]) out << nlohmann::json{{"messages", conv}, {"id", 1}}.dump() << "\n";
+  }
+  ld::source_options src;
+  src.chat = true;
+  src.messages_field = "messages";
+  auto cache = ld::open_or_build_cache((dir / "c").string(), {(dir / "chats.jsonl").string()}, src,
+                                       ld::make_chat_encode_fn(tok, tmpl, true), ld::chat_metadata(tok, tmpl, "messages"),
+                                       quiet());
+  REQUIRE(cache->total_tokens() > 0);
+  REQUIRE(cache->has_assistant_masks());
+  std::vector<std::vector<std::int32_t>> ids, masks;
+  for (const auto& c : golden["cases"])
+    if (c["template"] == "chatml_gen") {
+      ids.push_back(c["input_ids"].get<std::vector<std::int32_t>>());
+      masks.push_back(c["assistant_masks"].get<std::vector<std::int32_t>>());
+    }
+  REQUIRE(cache->committed_docs() == static_cast<std::int64_t>(ids.size()));
+  for (std::size_t r = 0; r < ids.size(); ++r) {  // the cache holds the golden rows
+    const auto [b, e] = cache->row_range(static_cast<std::int64_t>(r));
+    std::vector<std::int32_t> t(static_cast<std::size_t>(e - b));
+    std::vector<std::uint8_t> m(t.size());
+    cache->read_tokens(b, e - b, t.data());
+    cache->read_masks(b, e - b, m.data());
+    CHECK(t == ids[r]);
+    CHECK(std::vector<std::int32_t>(m.begin(), m.end()) == masks[r]);
+  }
+
+  // Greedy packs of whole rows (upstream GreedyPrepackedDataset, slice "left"), checked position by position.
+  const std::int64_t L = 96;
+  for (const std::int64_t max_segments : {std::int64_t{64}, std::int64_t{1}}) {
+    CAPTURE(max_segments);
+    const auto packs = ld::packed_examples::chat(cache, L, max_segments);
+    std::vector<std::int64_t> lengths;
+    for (const auto& r : ids) lengths.push_back(static_cast<std::int64_t>(r.size()));
+    const auto ranges = ld::pack_documents(lengths, L, max_segments, true);
+    REQUIRE(packs.size() == static_cast<std::int64_t>(ranges.size()));
+    std::vector<std::int32_t> tokens(L), seg(L);
+    std::vector<std::uint8_t> keep(L), all(L);
+    int trained = 0, cut = 0;
+    for (std::int64_t k = 0; k < packs.size(); ++k) {
+      packs.example(k, true, tokens.data(), keep.data(), seg.data());
+      packs.example(k, false, tokens.data(), all.data(), seg.data());
+      std::int64_t at = 0;
+      for (auto row = ranges[static_cast<std::size_t>(k)].begin; row < ranges[static_cast<std::size_t>(k)].end; ++row) {
+        const auto& want = ids[static_cast<std::size_t>(row)];
+        const auto& m = masks[static_cast<std::size_t>(row)];
+        const auto n = std::min<std::int64_t>(static_cast<std::int64_t>(want.size()), L);
+        if (n < static_cast<std::int64_t>(want.size())) ++cut;
+        for (std::int64_t j = 0; j < n; ++j, ++at) {
+          const auto i = static_cast<std::size_t>(at), jj = static_cast<std::size_t>(j);
+          CHECK(tokens[i] == want[jj]);
+          CHECK(seg[i] == row);
+          CHECK(static_cast<int>(keep[i]) == static_cast<int>(j + 1 < n && m[jj + 1] == 1));
+          CHECK(static_cast<int>(all[i]) == static_cast<int>(j + 1 < n));
+          trained += keep[i];
+        }
+      }
+      for (; at < L; ++at) {
+        const auto i = static_cast<std::size_t>(at);
+        CHECK(tokens[i] == 0);
+        CHECK(seg[i] == -1);
+        CHECK(keep[i] == 0);
+      }
+    }
+    CHECK(cut == std::count_if(ids.begin(), ids.end(), [&](const auto& r) { return std::ssize(r) > L; }));
+    CHECK(cut > 0);
+    CHECK(trained > 100);
+  }
+  CHECK(data_error_of([&] { ld::packed_examples(cache, L, 64); }).find("text rows") != std::string::npos);
+
+  // Upstream Levanter's own MultiturnChatDataset over the same rows (golden): the same examples, bit for bit.
+  for (const auto& up : golden["upstream_packs"]) {
+    const auto seq = up["seq_len"].get<std::int64_t>();
+    CAPTURE(up["max_segments"].get<std::int64_t>());
+    const auto packs = ld::packed_examples::chat(cache, seq, up["max_segments"].get<std::int64_t>());
+    REQUIRE(packs.size() == static_cast<std::int64_t>(up["examples"].size()));
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(seq)), seg(tokens.size());
+    std::vector<std::uint8_t> keep(tokens.size());
+    for (std::int64_t k = 0; k < packs.size(); ++k) {
+      const auto& want = up["examples"][static_cast<std::size_t>(k)];
+      packs.example(k, true, tokens.data(), keep.data(), seg.data());
+      CHECK(tokens == want["tokens"].get<std::vector<std::int32_t>>());
+      CHECK(seg == want["segment_ids"].get<std::vector<std::int32_t>>());
+      CHECK(std::vector<int>(keep.begin(), keep.end()) == want["loss_mask"].get<std::vector<int>>());
+    }
+  }
+
+  // Another template is another cache: refused, naming the key, not silently read.
+  cache.reset();
+  CHECK(data_error_of([&] {
+          ld::open_or_build_cache((dir / "c").string(), {(dir / "chats.jsonl").string()}, src,
+                                  ld::make_chat_encode_fn(tok, tmpl + " ", true),
+                                  ld::chat_metadata(tok, tmpl + " ", "messages"), quiet());
+        }).find("chat_template") != std::string::npos);
+  // A damaged mask file is refused, never read as masks: a byte not 0 or 1, or a file shorter than the tokens.
+  const auto masks_file = dir / "c" / "assistant_masks" / "data.bin";
+  const auto size = fs::file_size(masks_file);
+  {
+    std::fstream f(masks_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3);
+    f.put(7);
+  }
+  auto reopen = [&] {
+    return ld::open_or_build_cache((dir / "c").string(), {(dir / "chats.jsonl").string()}, src,
+                                   ld::make_chat_encode_fn(tok, tmpl, true), ld::chat_metadata(tok, tmpl, "messages"),
+                                   quiet());
+  };
+  auto damaged = reopen();
+  std::vector<std::uint8_t> m(8);
+  CHECK(data_error_of([&] { damaged->read_masks(0, 8, m.data()); }).find("is damaged") != std::string::npos);
+  damaged.reset();
+  fs::resize_file(masks_file, size - 1);
+  CHECK(data_error_of([&] { reopen(); }).find("is damaged") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("chat data errors: no template, no generation block, no assistant text, a tokenizer that cannot spell") {
+  const auto golden = load_chat_golden();
+  const auto byte = ld::tokenizer::byte_level();
+  ld::chat_format f;
+  // No template anywhere.
+  auto msg = data_error_of([&] { ld::chat_template_for(byte, f, std::nullopt); });
+  CHECK(msg.find("has no chat template") != std::string::npos);
+  CHECK(msg.find("format.chat_template") != std::string::npos);
+  // A template without {% generation %} trains nothing under mask_user_turns (upstream refuses it too) ...
+  const std::string plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}";
+  f.chat_template = plain;
+  CHECK(data_error_of([&] { ld::chat_template_for(byte, f, std::nullopt); }).find("{% generation %}") !=
+        std::string::npos);
+  f.mask_user_turns = false;  // ... and is fine without it
+  CHECK(ld::chat_template_for(byte, f, std::nullopt) == plain);
+  f.chat_template.reset();
+  CHECK(ld::chat_template_for(byte, f, std::string("data {% generation %}x{% endgeneration %}")) ==
+        "data {% generation %}x{% endgeneration %}");
+  f.mask_user_turns = true;
+  CHECK(ld::chat_template_for(byte, f, std::string("{%- generation -%}x{% endgeneration %}")).size() > 0);
+
+  // The byte tokenizer spells any text; a record whose template renders no assistant text is refused.
+  const std::string tmpl = golden["templates"]["space_gen"].get<std::string>();
+  const auto enc = ld::make_chat_encode_fn(byte, tmpl, true);
+  const auto row = enc(R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])");
+  const std::string text = "User: hi\nAssistant: yo";  // (trim_blocks takes the newline after endgeneration)
+  REQUIRE(row.size() == 1 + 2 * text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    CHECK(row[1 + i] == static_cast<unsigned char>(text[i]));
+    CHECK(row[1 + text.size() + i] == (i >= 19 && i < 22 ? 1 : 0));  // " yo"
+  }
+  msg = data_error_of([&] { enc(R"([{"role": "user", "content": "only a question"}])"); });
+  CHECK(msg.find("no assistant text") != std::string::npos);
+  CHECK(msg.find("only a question") != std::string::npos);
+  CHECK(ld::make_chat_encode_fn(byte, tmpl, false)(R"([{"role": "user", "content": "q"}])").size() == 1 + 2 * 8);
+  // A template error names its line.
+  CHECK_THROWS_WITH_AS(ld::make_chat_encode_fn(byte, "line one\n{{ messages | frobnicate }}", false),
+                       doctest::Contains("line 2"), levanter::data::jinja::template_error);
+  msg = data_error_of([&] { ld::make_chat_encode_fn(byte, "{{ raise_exception('bad roles') }}", false)("[]"); });
+  CHECK(msg.find("bad roles") != std::string::npos);
+  // A SentencePiece-style tokenizer (a normalizer) cannot map template text to tokens byte by byte: said, not guessed.
+  const auto sp = ld::tokenizer::from_file(std::string(HALIAX_GOLDEN_DIR) + "/tokenizers/sentencepiece_style");
+  msg = data_error_of([&] { ld::make_chat_encode_fn(sp, tmpl, true)(R"([{"role": "assistant", "content": "a"}])"); });
+  CHECK(msg.find("byte-level BPE") != std::string::npos);
+
+  // Records: messages must be a list of objects with a role; a bad line names file and line.
+  const auto dir = train_helpers::temp_dir("levanter_test_packing", "chat_errors");
+  fs::create_directories(dir);
+  std::ofstream(dir / "bad.jsonl") << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})"
+                                   << "\n"
+                                   << R"({"messages": [{"content": "no role"}]})" << "\n";
+  ld::source_options src;
+  src.chat = true;
+  src.messages_field = "messages";
+  auto cache = ld::open_or_build_cache((dir / "c").string(), {(dir / "bad.jsonl").string()}, src, enc,
+                                       ld::chat_metadata(byte, tmpl, "messages"), quiet());
+  msg = data_error_of([&] { cache->total_tokens(); });
+  CHECK(msg.find("bad.jsonl:2") != std::string::npos);
+  CHECK(msg.find("'role'") != std::string::npos);
   fs::remove_all(dir);
 }

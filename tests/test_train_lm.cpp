@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <set>
@@ -918,6 +919,39 @@ void write_supervised(const fs::path& p, int n, int seed, bool variant) {
   }
 }
 
+/// The loss mask at work, end to end: `base` (run already, its log under dir/logs/<base id>) trains on the files
+/// `write(dir, variant)` writes (train.jsonl, valid.jsonl). With `variant` (tokens never trained on and never attended
+/// to by a trained position are changed, lengths kept) every loss is bitwise the same; with base's train.jsonl
+/// changed by `edit_trained` (one trained letter) they differ.
+void check_masked_changes(const fs::path& dir, const levanter::TrainLmConfig& base,
+                          const std::function<void(const fs::path&, bool)>& write,
+                          const std::function<void(std::string&)>& edit_trained);
+
+/// Checks that each position of the `n` packed examples of 32 tokens in `b` is trained exactly when the next token
+/// is a lower-case letter of the same row (the trained part of these test data); returns the trained positions.
+std::int64_t trained_on_lower_case(const levanter::data::example_batch& b, std::int64_t n) {
+  std::int64_t trained = 0;
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t p = 0; p + 1 < 32; ++p) {
+      const auto i = static_cast<std::size_t>(r * 32 + p);
+      const bool next_trained = b.segments[i + 1] == b.segments[i] && b.segments[i] >= 0 && b.tokens[i + 1] >= 'a' &&
+                                b.tokens[i + 1] <= 'z';
+      CHECK(static_cast<bool>(b.keep[i]) == next_trained);
+      trained += b.keep[i];
+    }
+  return trained;
+}
+
+/// Runs `cfg` as `id` for its 6 steps: the loss falls, and train_lm.log says `said` (how the data was packed).
+void trains_and_says(levanter::TrainLmConfig& cfg, const fs::path& dir, const std::string& id, const std::string& said) {
+  cfg.trainer.id = id;
+  CHECK(run(cfg).steps == 6);
+  const auto losses = logged_losses(dir / "logs" / id / "metrics.jsonl");
+  REQUIRE(losses.size() == 6);
+  CHECK(losses.back() < losses.front());
+  CHECK(file_bytes(dir / "logs" / id / "train_lm.log").find(said) != std::string::npos);
+}
+
 }  // namespace
 
 TEST_CASE("train_lm: supervised data is packed and trains on the responses only") {
@@ -940,55 +974,24 @@ TEST_CASE("train_lm: supervised data is packed and trains on the responses only"
     const auto n = data.single_size();
     CHECK(n > 10);
     CHECK(n < 80);  // several records per example
-    const auto b = data.batch(0, n, 256, -100);
-    std::int64_t trained = 0;
-    for (std::int64_t r = 0; r < n; ++r)
-      for (std::int64_t p = 0; p + 1 < 32; ++p) {
-        const auto i = static_cast<std::size_t>(r * 32 + p);
-        const bool next_is_response = b.segments[i + 1] == b.segments[i] && b.segments[i] >= 0 &&
-                                      b.tokens[i + 1] >= 'a' && b.tokens[i + 1] <= 'z';
-        CHECK(static_cast<bool>(b.keep[i]) == next_is_response);
-        trained += b.keep[i];
-      }
-    CHECK(trained > 100);
+    CHECK(trained_on_lower_case(data.batch(0, n, 256, -100), n) > 100);
   }
 
   // Training: the loss falls; the log names the packing.
-  cfg.trainer.id = "sft";
-  auto res = run(cfg);
-  CHECK(res.steps == 6);
-  const auto losses = logged_losses(dir / "logs" / "sft" / "metrics.jsonl");
-  REQUIRE(losses.size() == 6);
-  CHECK(losses.back() < losses.front());
-  CHECK(file_bytes(dir / "logs" / "sft" / "train_lm.log").find("records packed into") != std::string::npos);
+  trains_and_says(cfg, dir, "sft", "records packed into");
 
   // Records never trained on (empty responses) can change without changing any loss, bitwise: masked tokens
-  // contribute nothing, and packed rows do not attend to each other.
-  auto other = dir / "other";
-  fs::create_directories(other);
-  write_supervised(other / "train.jsonl", 80, 1, true);
-  write_supervised(other / "valid.jsonl", 12, 2, true);
-  REQUIRE(file_bytes(other / "train.jsonl") != file_bytes(dir / "train.jsonl"));
-  auto changed = tiny_config(other);
-  changed.data.format = cfg.data.format;
-  changed.trainer.num_train_steps = 6;
-  changed.trainer.id = "sft-masked-change";
-  run(changed);
-  CHECK(loss_log(other / "logs" / "sft-masked-change" / "metrics.jsonl") ==
-        loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
-
-  // A change to one response letter does change them.
-  {
-    std::string text = file_bytes(dir / "train.jsonl");
-    const auto at = text.find("\"response\": \"") + 13;
-    text[at] = text[at] == 'q' ? 'r' : 'q';
-    std::ofstream(other / "train.jsonl") << text;
-  }
-  fs::remove_all(other / "cache");
-  changed.trainer.id = "sft-response-change";
-  run(changed);
-  CHECK(loss_log(other / "logs" / "sft-response-change" / "metrics.jsonl") !=
-        loss_log(dir / "logs" / "sft" / "metrics.jsonl"));
+  // contribute nothing, and packed rows do not attend to each other. A change to one response letter does change them.
+  check_masked_changes(
+      dir, cfg,
+      [](const fs::path& d, bool variant) {
+        write_supervised(d / "train.jsonl", 80, 1, variant);
+        write_supervised(d / "valid.jsonl", 12, 2, variant);
+      },
+      [](std::string& text) {
+        const auto at = text.find("\"response\": \"") + 13;
+        text[at] = text[at] == 'q' ? 'r' : 'q';
+      });
 
   // Resuming a supervised run is bitwise the same as running it whole.
   cfg.trainer.id = "sft-split";
@@ -1389,6 +1392,150 @@ TEST_CASE("train_lm: format text with pack: true trains on whole documents, neve
   REQUIRE(losses.size() == 6);
   CHECK(losses.back() < losses.front());
   CHECK(file_bytes(dir / "logs" / "packed" / "train_lm.log").find("documents packed into") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+/// Multi-turn chats: upper-case user turns, lower-case assistant turns, and a last user turn after the last answer
+/// (never trained on, and no trained position attends to it); `variant` changes that turn's letters only.
+void write_chats(const fs::path& p, int n, int seed, bool variant) {
+  std::ofstream out(p);
+  auto word = [](int len, int s, char base) {
+    std::string w;
+    for (int j = 0; j < len; ++j) w += static_cast<char>(base + (s + j * 5) % 26);
+    return w;
+  };
+  for (int i = 0; i < n; ++i) {
+    nlohmann::json messages = nlohmann::json::array();
+    if (i % 3 == 0) messages.push_back({{"role", "system"}, {"content", word(4, i + seed, 'A')}});
+    const int turns = 1 + (i + seed) % 3;
+    for (int t = 0; t < turns; ++t) {
+      messages.push_back({{"role", "user"}, {"content", word(3 + (i + t) % 5, i * 7 + t + seed, 'A')}});
+      messages.push_back({{"role", "assistant"}, {"content", word(2 + (i * 3 + t) % 6, i * 5 + t + seed, 'a')}});
+    }
+    messages.push_back({{"role", "user"}, {"content", word(4, i + seed + (variant ? 9 : 0), 'A')}});
+    out << nlohmann::json{{"messages", messages}}.dump() << "\n";
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train_lm: multi-turn chat is rendered with its template, packed, and trains on the assistant only") {
+  auto dir = temp_dir("chat");
+  write_chats(dir / "train.jsonl", 60, 1, false);
+  write_chats(dir / "valid.jsonl", 10, 2, false);
+  auto cfg = tiny_config(dir);
+  // Assistant text (lower case) is the generation; user and system text are upper case, in brackets.
+  cfg.data.format = opaque(
+      "{type: chat, chat_template: \"{% for m in messages %}{% if m['role'] == 'assistant' %}<{% generation %}"
+      "{{ m['content'] }}{% endgeneration %}>{% else %}[{{ m['content'] }}]{% endif %}{% endfor %}\"}");
+  cfg.trainer.num_train_steps = 6;
+  levanter::data::lm_data::options o;
+  o.seq_len = 32;
+  o.batch_size = 4;
+  o.data_key = haliax::random::make_key(0);
+  {
+    levanter::data::lm_data data(cfg.data, o);
+    REQUIRE(data.train_windows(0)->packed());
+    const auto n = data.single_size();
+    CHECK(n > 10);
+    const auto b = data.batch(0, n, 256, -100);
+    CHECK(trained_on_lower_case(b, n) > 100);  // the assistant's letters, and only those
+    std::int64_t user_after_answer = 0;
+    for (std::size_t i = 0; i + 1 < b.tokens.size(); ++i) user_after_answer += b.tokens[i] == '>' && b.tokens[i + 1] == '[';
+    CHECK(user_after_answer > 0);
+  }
+  trains_and_says(cfg, dir, "chat", "conversations packed into");
+
+  // The last user turns, never trained on and after every trained position, change: every loss is bitwise the same.
+  // One assistant letter changes them.
+  check_masked_changes(
+      dir, cfg,
+      [](const fs::path& d, bool variant) {
+        write_chats(d / "train.jsonl", 60, 1, variant);
+        write_chats(d / "valid.jsonl", 10, 2, variant);
+      },
+      [](std::string& text) {
+        const auto at = text.find("\",\"role\":\"assistant\"") - 1;  // the first answer's last letter
+        REQUIRE(text[at] >= 'a');
+        text[at] = text[at] == 'q' ? 'r' : 'q';
+      });
+
+  // A template without a generation block is refused before training, naming the dataset's format.
+  auto bad = tiny_config(dir);
+  bad.data.format = opaque("{type: chat, chat_template: \"{% for m in messages %}{{ m['content'] }}{% endfor %}\"}");
+  bad.data.cache_dir = (dir / "cache-bad").string();
+  bad.trainer.id = "chat-bad";
+  CHECK_THROWS_WITH(run(bad), doctest::Contains("data.format: chat data: the chat template has no {% generation %}"));
+  fs::remove_all(dir);
+}
+
+namespace {
+
+void check_masked_changes(const fs::path& dir, const levanter::TrainLmConfig& base,
+                          const std::function<void(const fs::path&, bool)>& write,
+                          const std::function<void(std::string&)>& edit_trained) {
+  const std::string id = base.trainer.id.value();
+  const auto base_log = loss_log(dir / "logs" / id / "metrics.jsonl");
+  REQUIRE(!base_log.empty());
+  const auto other = dir / "other";
+  fs::create_directories(other);
+  write(other, true);
+  REQUIRE(file_bytes(other / "train.jsonl") != file_bytes(dir / "train.jsonl"));
+  auto changed = tiny_config(other);
+  changed.data.format = base.data.format;
+  changed.trainer.num_train_steps = base.trainer.num_train_steps;
+  changed.trainer.id = id + "-masked-change";
+  run(changed);
+  CHECK(loss_log(other / "logs" / (id + "-masked-change") / "metrics.jsonl") == base_log);
+  std::string text = file_bytes(dir / "train.jsonl");
+  edit_trained(text);
+  std::ofstream(other / "train.jsonl") << text;
+  fs::remove_all(other / "cache");
+  changed.trainer.id = id + "-trained-change";
+  run(changed);
+  CHECK(loss_log(other / "logs" / (id + "-trained-change") / "metrics.jsonl") != base_log);
+}
+
+}  // namespace
+
+TEST_CASE("train_lm: upstream's Tulu chat config resolves with local chats and reads them with the tokenizer's template") {
+  // train_lm_llama3_tulu_sft.yaml: a mixture of one `format: {type: chat}` dataset. Here its data, tokenizer, model
+  // and output paths are local (the tokenizer's tokenizer_config.json carries a Llama 3 chat template).
+  auto dir = temp_dir("tulu_chat");
+  fs::create_directories(dir);
+  write_chats(dir / "chats.jsonl", 20, 3, false);
+  const std::string tok = std::string(HALIAX_GOLDEN_DIR) + "/chat_data";
+  // The Hub dataset's `id` line goes (as a user converting it to .jsonl would remove it); the rest is upstream's.
+  std::string yaml = file_bytes(fs::path(LEVANTER_SOURCE_DIR) / "tests" / "upstream-config" /
+                                "train_lm_llama3_tulu_sft.yaml");
+  const auto id_at = yaml.find("      id: allenai/tulu-3-sft-mixture\n");
+  REQUIRE(id_at != std::string::npos);
+  yaml.erase(id_at, yaml.find('\n', id_at) + 1 - id_at);
+  std::ofstream(dir / "tulu.yaml") << yaml;
+  std::vector<std::string> args = {
+      "train_lm", "--config_path", (dir / "tulu.yaml").string(),
+      "--data.tokenizer", tok, "--data.cache_dir", (dir / "cache").string(), "--data.configs.tulu.train_urls",
+      "[\"" + (dir / "chats.jsonl").string() + "\"]",
+      "--initialize_from_hf", std::string(HALIAX_GOLDEN_DIR) + "/hf_llama/llama_mqa_llama3", "--hf_save_path",
+      (dir / "hf").string(), "--trainer.tracker", "{type: json_logger}", "--trainer.wandb", "null",
+      "--trainer.checkpointer.base_path", (dir / "ckpt").string()};
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  auto parsed = levanter::config::parse_command_line<levanter::TrainLmConfig>(static_cast<int>(argv.size()), argv.data());
+  const auto v = levanter::validate_train_lm(parsed.config, parsed.sources);
+  REQUIRE_MESSAGE(v.errors.empty(), (v.errors.empty() ? "" : v.errors.front()));
+  levanter::data::lm_data::options o;
+  o.seq_len = 64;
+  o.batch_size = 4;
+  o.data_key = haliax::random::make_key(0);
+  const levanter::data::lm_data data(parsed.config.data, o);
+  REQUIRE(data.is_mixture());
+  const auto b = data.batch(0, 4, 1199, -100);
+  const auto header = *data.tok().token_to_id("<|start_header_id|>");
+  CHECK(std::count(b.tokens.begin(), b.tokens.end(), header) > 4);
+  CHECK(std::count(b.keep.begin(), b.keep.end(), 1) > 20);
   fs::remove_all(dir);
 }
 

@@ -207,7 +207,8 @@ struct token_cache::state {
 
   void open(nlohmann::json metadata) {
     has_sources_ = src_.pairs();
-    if (!has_sources_) metadata["text_key"] = src_.text_key;  // supervised metadata names its fields itself
+    has_masks_ = src_.chat;
+    if (!has_sources_ && !has_masks_) metadata["text_key"] = src_.text_key;  // supervised metadata names its fields itself
     names_ = shard_names(files_);
     std::filesystem::create_directories(dir_ + "/input_ids");
     const std::string ledger_path = dir_ + "/shard_ledger.json";
@@ -345,7 +346,7 @@ struct token_cache::state {
   }
 
   void close_files() {
-    for (int* fd : {&data_fd_, &offsets_fd_, &lock_fd_, &sources_fd_})
+    for (int* fd : {&data_fd_, &offsets_fd_, &lock_fd_, &sources_fd_, &masks_fd_})
       if (*fd >= 0) ::close(*fd), *fd = -1;
   }
 
@@ -376,7 +377,11 @@ struct token_cache::state {
       std::filesystem::create_directories(dir_ + "/sources_len");
       sources_fd_ = ::open(sources_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
     }
-    if (data_fd_ < 0 || offsets_fd_ < 0 || (has_sources_ && sources_fd_ < 0))
+    if (has_masks_) {
+      std::filesystem::create_directories(dir_ + "/assistant_masks");
+      masks_fd_ = ::open(masks_path().c_str(), (done ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
+    }
+    if (data_fd_ < 0 || offsets_fd_ < 0 || (has_sources_ && sources_fd_ < 0) || (has_masks_ && masks_fd_ < 0))
       throw data_error("cache '" + dir_ + "': cannot open its token files (" + std::strerror(errno) +
                        "); delete the directory to rebuild");
 
@@ -401,7 +406,8 @@ struct token_cache::state {
       throw data_error("cache ledger of '" + dir_ + "' is damaged: it counts " + std::to_string(rows) + " rows and " +
                        std::to_string(toks) + " tokens; delete '" + dir_ + "' to rebuild the cache");
     if (detail::file_size(offsets_fd_) < rows * 8 || detail::file_size(data_fd_) < toks * 4 ||
-        (has_sources_ && detail::file_size(sources_fd_) < rows * 4))
+        (has_sources_ && detail::file_size(sources_fd_) < rows * 4) ||
+        (has_masks_ && detail::file_size(masks_fd_) < toks))
       throw data_error("cache '" + dir_ +
                        "' is damaged: its files are shorter than its ledger says; delete it to rebuild");
     if (rows > 0) {
@@ -426,7 +432,7 @@ struct token_cache::state {
     }
     // Bytes past the last commit come from a build that was killed: drop them.
     if (::ftruncate(data_fd_, toks * 4) != 0 || ::ftruncate(offsets_fd_, rows * 8) != 0 ||
-        (has_sources_ && ::ftruncate(sources_fd_, rows * 4) != 0))
+        (has_sources_ && ::ftruncate(sources_fd_, rows * 4) != 0) || (has_masks_ && ::ftruncate(masks_fd_, toks) != 0))
       throw data_error("cache '" + dir_ + "': cannot truncate its uncommitted tail: " + std::strerror(errno));
     if (!have_ledger) detail::commit_json(ledger_path, ledger_, opts_.fsync);
     // What the reader thread needs from the ledger, copied now: the committer owns the ledger from here on.
@@ -446,6 +452,7 @@ struct token_cache::state {
     std::vector<std::int32_t> tokens;
     std::vector<std::int64_t> ends;  // row ends relative to the chunk
     std::vector<std::int32_t> sources;  // supervised rows: each row's sources_len
+    std::vector<std::uint8_t> masks;     // chat rows: each token's assistant mask
     std::int64_t text_bytes = 0, skipped = 0, input_bytes = 0;
     std::exception_ptr error;
     bool done = false;
@@ -454,6 +461,7 @@ struct token_cache::state {
   std::string data_path() const { return dir_ + "/input_ids/data.bin"; }
   std::string offsets_path() const { return dir_ + "/input_ids/offsets.bin"; }
   std::string sources_path() const { return dir_ + "/sources_len/data.bin"; }
+  std::string masks_path() const { return dir_ + "/assistant_masks/data.bin"; }
 
   void check_metadata(const nlohmann::json& cached, const nlohmann::json& now) const {
     std::string diffs;
@@ -608,7 +616,20 @@ struct token_cache::state {
             c->sources.push_back(ids.front());
             ++from;
           }
-          c->tokens.insert(c->tokens.end(), from, ids.end());
+          auto to = ids.end();
+          if (has_masks_) {  // [n, ids (n), masks (n)]: the masks are stored apart from the tokens
+            const std::int64_t n = ids.empty() ? -1 : ids.front();
+            if (n < 0 || static_cast<std::int64_t>(ids.size()) != 1 + 2 * n)
+              throw data_error("cache '" + dir_ + "': the chat encode function returned a malformed row");
+            ++from;
+            to = from + n;
+            for (auto m = to; m != ids.end(); ++m) {
+              if (*m != 0 && *m != 1)
+                throw data_error("cache '" + dir_ + "': the chat encode function returned a mask value not 0 or 1");
+              c->masks.push_back(static_cast<std::uint8_t>(*m));
+            }
+          }
+          c->tokens.insert(c->tokens.end(), from, to);
           c->ends.push_back(static_cast<std::int64_t>(c->tokens.size()));
           c->text_bytes += static_cast<std::int64_t>(text.size());
         }
@@ -659,6 +680,10 @@ struct token_cache::state {
         if (has_sources_) {
           detail::write_all(sources_fd_, c->sources.data(), c->sources.size() * 4, rows * 4, sources_path());
           if (opts_.fsync) ::fdatasync(sources_fd_);
+        }
+        if (has_masks_) {
+          detail::write_all(masks_fd_, c->masks.data(), c->masks.size(), toks, masks_path());
+          if (opts_.fsync) ::fdatasync(masks_fd_);
         }
       }
       const std::string& name = names_[c->shard];
@@ -711,6 +736,8 @@ struct token_cache::state {
   int data_fd_ = -1, offsets_fd_ = -1, lock_fd_ = -1;
   int sources_fd_ = -1;       // supervised rows: int32 sources_len per row
   bool has_sources_ = false;  // source_options::pairs(): rows of supervised records
+  int masks_fd_ = -1;         // chat rows: one byte (0 or 1) per token, the assistant mask
+  bool has_masks_ = false;    // source_options::chat: rows of multi-turn chat records
   std::vector<bool> resume_done_;
   std::vector<std::int64_t> resume_skip_;
 
@@ -788,6 +815,19 @@ std::pair<std::int64_t, std::int64_t> token_cache::row_range(std::int64_t row) c
 }
 
 bool token_cache::has_sources_len() const { return s_->has_sources_; }
+bool token_cache::has_assistant_masks() const { return s_->has_masks_; }
+
+void token_cache::read_masks(std::int64_t start, std::int64_t count, std::uint8_t* out) const {
+  if (!s_->has_masks_) throw data_error("cache '" + s_->dir_ + "' holds no chat rows, so no assistant masks");
+  if (start < 0 || count < 0 || start + count > committed_tokens())
+    throw std::out_of_range("token_cache::read_masks: tokens [" + std::to_string(start) + ", " +
+                            std::to_string(start + count) + ") are not committed in '" + s_->dir_ + "'");
+  if (count == 0) return;
+  detail::read_all(s_->masks_fd_, out, static_cast<std::size_t>(count), start, s_->masks_path());
+  for (std::int64_t i = 0; i < count; ++i)
+    if (out[i] > 1)
+      throw data_error("cache '" + s_->dir_ + "' is damaged: an assistant mask is not 0 or 1; delete it to rebuild");
+}
 
 std::vector<std::int64_t> token_cache::row_ends() const {
   std::vector<std::int64_t> ends(static_cast<std::size_t>(committed_docs()));

@@ -22,8 +22,8 @@ using config::url_scheme;
 
 namespace {
 // A `format:` (the dataset's, or a mixture component's): `type: text` with an optional `text_key` and `pack`, `type:
-// supervised` with upstream's keys, or `type: chat` with `single_turn: true` (upstream reads those as supervised
-// pairs); multi-turn chat is refused until chat templates exist (never read as plain text).
+// supervised` with upstream's keys, or `type: chat` (multi-turn through a chat template, or with `single_turn: true`
+// supervised pairs as upstream reads them).
 void check_format(config::validator& v, const std::string& key, const YAML::Node& f, const std::string& where) {
   const std::string type = f.IsScalar() ? f.Scalar() : (f.IsMap() && f["type"] ? f["type"].Scalar() : "text");
   if (type != "text" && type != "supervised" && type != "chat") {
@@ -37,14 +37,7 @@ void check_format(config::validator& v, const std::string& key, const YAML::Node
       return false;
     }
   };
-  if (type == "chat" && !flag("single_turn")) {
-    v.refuse(key, "multi-turn format 'chat' is not supported yet (chat templates are not implemented)",
-             "use format: {type: chat, single_turn: true} (the first user and assistant messages as a supervised "
-             "pair), or {prompt, response} records with format: {type: supervised}",
-             where);
-    return;
-  }
-  if (type == "chat" && f["chat_template"] && !f["chat_template"].IsNull())
+  if (type == "chat" && flag("single_turn") && f["chat_template"] && !f["chat_template"].IsNull())
     v.error(key + ".chat_template", "chat templates are not supported for single-turn chat (as upstream)", where);
   if (!f.IsMap()) return;
   const std::map<std::string, std::vector<std::string>> keys = {
@@ -71,6 +64,9 @@ void check_format(config::validator& v, const std::string& key, const YAML::Node
     }
     if (k == "separate_with" && !it->second.IsNull() && !it->second.IsScalar())
       v.error(key + "." + k, "expected the separator's text", where);
+    if ((k == "chat_template" && !it->second.IsNull() && !it->second.IsScalar()) ||
+        (k == "messages_field" && !it->second.IsScalar()))
+      v.error(key + "." + k, k == "chat_template" ? "expected the template's text" : "expected a field name", where);
   }
 }
 // Simulated epoching (target_budget, experiment_budget), max_train_batches and num_validation_sequences: a
@@ -163,6 +159,16 @@ void validate(config::validator& v, const LmDataConfig& d) {
         const std::string key = "data.configs." + name;
         if (it->second.IsMap() && it->second["format"])
           check_format(v, key + ".format", it->second["format"], d.configs.where);
+        if (it->second.IsMap())  // (as dataset_specs reads them, so that --dry_run says what a run would)
+          for (auto f = it->second.begin(); f != it->second.end(); ++f) {
+            const std::string k = f->first.Scalar();
+            if (k == "id" || k == "name" || k == "stream")
+              v.refuse(key + "." + k, "Hugging Face datasets are not supported (no network here)",
+                       "convert the dataset to local .jsonl files and list them in train_urls", d.configs.where);
+            else if (k != "train_urls" && k != "validation_urls" && k != "cache_dir" && k != "tags" && k != "format")
+              v.error(key + "." + k, "unknown key of a dataset (use train_urls, validation_urls, cache_dir, tags, format)",
+                      d.configs.where);
+          }
         std::size_t start = 0;
         while (true) {
           const auto slash = name.find('/', start);
@@ -228,7 +234,6 @@ void validate(config::validator& v, const LmDataConfig& d) {
     check_int(v, "data.shuffle", *era, 1, bounds::max_examples,
               "an era length in sequences; use true for a full shuffle or false for none");
   if (d.shuffle_buffer_size) v.note("data.shuffle_buffer_size", "ignored (shuffling is by permutation)");
-  if (d.chat_template) v.note("data.chat_template", "ignored (chat formats are not supported yet)");
   if (!d.id && d.name) v.note("data.name", "ignored (it names a Hugging Face dataset configuration)");
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <levanter/config/yaml.hpp>
+#include <levanter/data/jinja.hpp>
 #include <levanter/data/lm_data.hpp>
 #include <nlohmann/json.hpp>
 
@@ -37,10 +38,18 @@ void read_format(const YAML::Node& f, const std::string& key, dataset_spec& s) {
     return;
   }
   supervised_format sf;
-  if (type == "chat") {  // validate() let only single_turn through: a supervised pair (upstream does the same)
-    if (!f.IsMap() || !f["single_turn"] || !f["single_turn"].as<bool>())
-      throw config::config_error(key + ": multi-turn chat needs chat templates, not supported yet; use single_turn: "
-                                 "true or supervised records");
+  if (type == "chat" && (!f.IsMap() || !f["single_turn"] || !f["single_turn"].as<bool>())) {
+    chat_format cf;  // multi-turn: rendered with a chat template (upstream ChatProcessor)
+    if (f.IsMap()) {
+      if (f["messages_field"]) cf.messages_field = f["messages_field"].as<std::string>();
+      if (f["chat_template"] && !f["chat_template"].IsNull()) cf.chat_template = f["chat_template"].as<std::string>();
+      if (f["pack"]) cf.pack = f["pack"].as<bool>();
+      if (f["mask_user_turns"]) cf.mask_user_turns = f["mask_user_turns"].as<bool>();
+    }
+    s.chat = cf;
+    return;
+  }
+  if (type == "chat") {  // single_turn: a supervised pair (upstream does the same)
     sf.messages_field = f["messages_field"] ? f["messages_field"].as<std::string>() : "messages";
     if (f["pack"]) sf.pack = f["pack"].as<bool>();
     if (f["mask_user_turns"]) sf.mask_inputs = f["mask_user_turns"].as<bool>();
@@ -257,6 +266,26 @@ std::shared_ptr<token_cache> open_split_cache(const LmDataConfig& d, const token
   } else if (s.supervised) {
     src.fields = {s.supervised->input_field, s.supervised->output_field};
   }
+  if (s.chat) {
+    src.chat = true;
+    src.messages_field = s.chat->messages_field;
+    const std::string where = std::string("data") + (s.name.empty() ? "" : ".configs." + s.name) + ".format";
+    std::string tmpl;
+    encode_fn enc;
+    try {
+      tmpl = chat_template_for(tok, *s.chat, d.chat_template);
+      enc = make_chat_encode_fn(tok, tmpl, s.chat->mask_user_turns);
+    } catch (const jinja::template_error& e) {
+      throw data_error(where + ": the chat template does not parse: " + e.what());
+    } catch (const data_error& e) {
+      throw data_error(where + ": " + e.what());
+    }
+    auto c = open_or_build_cache(dir, files, src, std::move(enc), chat_metadata(tok, tmpl, s.chat->messages_field), co);
+    if (log)
+      log(std::string(c->finished() ? "cache " : "building cache ") + dir +
+          (c->finished() ? " (complete)" : " in the background"));
+    return c;
+  }
   auto c = s.supervised ? open_or_build_cache(dir, files, src, make_supervised_encode_fn(tok, *s.supervised),
                                               supervised_metadata(tok, *s.supervised), co)
                         : open_or_build_cache(dir, files, src, make_encode_fn(tok, true, d.enforce_eos),
@@ -275,6 +304,13 @@ std::shared_ptr<cache_windows> open_split(const LmDataConfig& d, const tokenizer
   };
   auto c = open_split_cache(d, tok, s, urls, split, log);
   const auto dir = c->dir();
+  if (s.chat) {  // chat rows are packed from the whole cache (upstream's MultiturnChatDataset awaits it)
+    if (!c->finished()) say("waiting for the cache " + dir + " to be complete (chat rows are packed from all of it)");
+    auto packs = std::make_shared<const packed_examples>(packed_examples::chat(c, seq_len, s.chat->max_segments()));
+    say("chat data " + dir + ": " + std::to_string(c->committed_docs()) + " conversations packed into " +
+        std::to_string(packs->size()) + " examples of " + std::to_string(seq_len) + " tokens");
+    return std::make_shared<cache_windows>(std::move(packs), std::move(c), s.chat->mask_user_turns);
+  }
   if (!s.supervised && !s.text_pack) return std::make_shared<cache_windows>(std::move(c), seq_len);
   if (!s.supervised) {  // format: {type: text, pack: true}: whole documents packed (ours; see docs/data.md)
     if (!c->finished()) say("waiting for the cache " + dir + " to be complete (its documents are packed)");
@@ -301,7 +337,7 @@ lm_data::lm_data(const LmDataConfig& d, const options& o)
       throw config::config_error("sft: the data must be one dataset of supervised or chat records");
     for (auto& spec : specs_) {
       if (!spec.supervised)
-        throw config::config_error("sft: dataset '" + spec.name + "' is not of supervised or chat records");
+        throw config::config_error("sft: dataset '" + spec.name + "' is not of supervised or single-turn chat records");
       auto& f = *spec.supervised;
       f.input_role = d.sft->input_role;
       f.output_role = d.sft->output_role;

@@ -1,10 +1,12 @@
 // levanter/data/packing.hpp: supervised rows, greedy packing and the per-row loss mask and segment ids.
 #include <algorithm>
+#include <cctype>
 #include <deque>
 #include <limits>
 #include <levanter/data/permutation.hpp>
 #include <stdexcept>
 #include <levanter/data/error.hpp>
+#include <levanter/data/jinja.hpp>
 #include <levanter/data/packing.hpp>
 #include <nlohmann/json.hpp>
 
@@ -80,6 +82,99 @@ nlohmann::json supervised_metadata(const tokenizer& tok, const supervised_format
     m["output_role"] = f.output_role;
   }
   if (f.append_eos) m["append_eos"] = true;
+  return m;
+}
+
+std::string chat_template_for(const tokenizer& tok, const chat_format& f, const std::optional<std::string>& data_template) {
+  std::string t;
+  if (f.chat_template)
+    t = *f.chat_template;
+  else if (data_template)
+    t = *data_template;
+  else if (tok.chat_template())
+    t = *tok.chat_template();
+  else
+    throw data_error("chat data: tokenizer '" + tok.name() + "' has no chat template (none in its tokenizer_config.json " +
+                     "or chat_template.jinja); set the dataset's format.chat_template or data.chat_template");
+  if (f.mask_user_turns) {
+    // upstream's check: a `{% generation %}` tag (with optional '-' whitespace control) somewhere in the template
+    bool found = false;
+    for (std::size_t at = t.find("{%"); at != std::string::npos && !found; at = t.find("{%", at + 2)) {
+      std::size_t i = at + 2;
+      if (i < t.size() && t[i] == '-') ++i;
+      while (i < t.size() && std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+      if (t.compare(i, 10, "generation") != 0) continue;
+      i += 10;
+      while (i < t.size() && std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+      if (i < t.size() && t[i] == '-') ++i;
+      found = t.compare(i, 2, "%}") == 0;
+    }
+    if (!found)
+      throw data_error("chat data: the chat template has no {% generation %} block, so no assistant token could be "
+                       "told from the rest and nothing would be trained; wrap the assistant's text in "
+                       "{% generation %}...{% endgeneration %} (format.chat_template) or set mask_user_turns: false");
+  }
+  return t;
+}
+
+encode_fn make_chat_encode_fn(tokenizer tok, const std::string& chat_template, bool require_assistant) {
+  auto tmpl = std::make_shared<const jinja::compiled_template>(jinja::compiled_template::parse(chat_template));
+  nlohmann::ordered_json base = {{"messages", nlohmann::ordered_json::array()},
+                                 {"tools", nullptr},
+                                 {"documents", nullptr},
+                                 {"add_generation_prompt", false}};
+  for (const auto& [k, v] : tok.template_tokens()) base[k] = v;
+  return [tok = std::move(tok), tmpl, base, require_assistant](std::string_view doc) {
+    nlohmann::ordered_json ctx = base;
+    ctx["messages"] = nlohmann::ordered_json::parse(doc);  // decode_document checked it
+    std::vector<std::pair<std::size_t, std::size_t>> spans;
+    std::string text;
+    try {
+      text = tmpl->render(ctx, &spans);
+    } catch (const jinja::template_error& e) {
+      throw data_error(std::string("chat template: ") + e.what() + " (rendering the record " + std::string(doc.substr(0, 200)) +
+                       (doc.size() > 200 ? "...)" : ")"));
+    }
+    const auto ids = tok.encode(text, false);
+    const auto ends = tok.token_ends(ids, text);
+    const auto n = static_cast<std::int64_t>(ids.size());
+    // transformers: the token holding the span's first character through the one holding its last (char_to_token);
+    // a span starting past the last token ends the marking, and an end without a token marks to the end.
+    auto token_at = [&](std::size_t byte) -> std::int64_t {
+      const auto it = std::upper_bound(ends.begin(), ends.end(), static_cast<std::int64_t>(byte));
+      return it == ends.end() ? -1 : static_cast<std::int64_t>(it - ends.begin());
+    };
+    std::vector<std::int32_t> row(static_cast<std::size_t>(1 + 2 * n), 0);
+    row[0] = static_cast<std::int32_t>(n);
+    std::copy(ids.begin(), ids.end(), row.begin() + 1);
+    std::int32_t* mask = row.data() + 1 + n;
+    bool any = false;
+    for (const auto& [b, e] : spans) {
+      const std::int64_t first = token_at(b);
+      if (first < 0) break;
+      std::int64_t last = -1;
+      if (e > 0) {
+        std::size_t c = e - 1;  // the first byte of the span's last character
+        while (c > b && (static_cast<unsigned char>(text[c]) & 0xC0) == 0x80) --c;
+        last = token_at(c);
+      }
+      const std::int64_t stop = last > 0 ? last + 1 : n;  // (transformers treats token 0 as "none" as well)
+      for (std::int64_t t = first; t < stop; ++t) mask[t] = 1, any = true;
+    }
+    if (require_assistant && !any)
+      throw data_error("chat data: a record has no assistant text under the chat template (upstream refuses it): " +
+                       std::string(doc.substr(0, 200)) + (doc.size() > 200 ? "..." : ""));
+    return row;
+  };
+}
+
+nlohmann::json chat_metadata(const tokenizer& tok, const std::string& chat_template, const std::string& messages_field) {
+  nlohmann::json m = {{"tokenizer", tok.name()},
+                      {"vocab_size", tok.vocab_size()},
+                      {"chat_template", chat_template},
+                      {"messages_field", messages_field},
+                      {"format", "chat"}};
+  if (!tok.is_builtin()) m["tokenizer_hash"] = tok.content_hash();
   return m;
 }
 
@@ -228,6 +323,33 @@ packed_examples packed_examples::documents(std::shared_ptr<token_cache> cache, s
   return p;
 }
 
+packed_examples packed_examples::chat(std::shared_ptr<token_cache> cache, std::int64_t seq_len,
+                                      std::int64_t max_segments) {
+  if (seq_len <= 0 || max_segments <= 0) throw data_error("packing chat rows needs a positive seq_len and max_segments");
+  cache->total_tokens();  // waits for the build: rows are packed from all of it
+  if (!cache->has_assistant_masks())
+    throw data_error("cache '" + cache->dir() + "' holds no chat rows; multi-turn chat examples need a chat cache");
+  packed_examples p;
+  p.seq_len_ = seq_len;
+  p.chat_ = true;
+  rows r;
+  r.ends = cache->row_ends();
+  r.cache = std::move(cache);
+  std::vector<std::int64_t> lengths(r.ends.size());
+  for (std::size_t i = 0; i < r.ends.size(); ++i) lengths[i] = r.ends[i] - (i ? r.ends[i - 1] : 0);
+  // Both of upstream's leaves (input_ids, assistant_masks) have the rows' lengths, so they pack alike.
+  p.packs_ = pack_documents(lengths, seq_len, max_segments, true);
+  for (const auto& pr : p.packs_) {
+    for (std::int64_t row = pr.begin; row < pr.end; ++row) {
+      const std::int64_t len = lengths[static_cast<std::size_t>(row)];
+      p.pieces_.push_back({row, 0, std::min(len, seq_len), static_cast<std::int32_t>(row), 0});  // "left"
+    }
+    p.first_.push_back(static_cast<std::int64_t>(p.pieces_.size()));
+  }
+  p.src_.push_back(std::move(r));
+  return p;
+}
+
 std::span<const packed_piece> packed_examples::pieces(std::int64_t k) const {
   if (k < 0 || k >= size()) throw std::out_of_range("packed example " + std::to_string(k) + " of " + std::to_string(size()));
   const auto b = static_cast<std::size_t>(first_[static_cast<std::size_t>(k)]),
@@ -244,6 +366,16 @@ void packed_examples::example(std::int64_t k, bool mask_inputs, std::int32_t* to
   for (const auto& piece : pieces(k)) {
     const auto& r = src_[piece.source];
     r.cache->read_tokens(r.begin(piece.row) + piece.skip, piece.n, tokens + at);
+    if (chat_) {  // the assistant masks: position at + j is trained when token j + 1 of the piece is the assistant's
+      std::uint8_t* m = keep + at;  // (read into keep, then shifted by one in place)
+      r.cache->read_masks(r.begin(piece.row) + piece.skip, piece.n, m);
+      for (std::int64_t j = 0; j < piece.n; ++j) {
+        segment[at + j] = piece.segment;
+        m[j] = j + 1 < piece.n && (!mask_inputs || m[j + 1]);
+      }
+      at += piece.n;
+      continue;
+    }
     const std::int64_t prompt = r.sources.empty() ? 0 : r.sources[static_cast<std::size_t>(piece.row)];
     for (std::int64_t j = 0; j < piece.n; ++j) {
       segment[at + j] = piece.segment;

@@ -598,26 +598,48 @@ namespace {
 
 // Upstream SingleTurnChatProcessor: the content of the first message with role "user" and of the first with role
 // "assistant" (wherever they are in the list); sft's chat data names the two roles.
-std::string first_turn(const std::string& where, const record& r, const source_options& src, std::string& text) {
-  const std::string& field = src.messages_field;
+// The record parsed into `j`, with a list in its messages field; "" or what is wrong.
+std::string read_messages(const std::string& where, const record& r, const std::string& field,
+                          nlohmann::ordered_json& j) {
   if (io::json_depth(r.bytes, 64) > 64) return where + ": the record is nested deeper than 64 levels";
-  const auto j = nlohmann::json::parse(r.bytes, nullptr, false);
+  j = nlohmann::ordered_json::parse(r.bytes, nullptr, false);
   if (j.is_discarded()) return where + ": malformed JSON line (each line must be one JSON object)";
   if (!j.is_object()) return where + ": the line is JSON but not an object (each line must be one JSON object)";
   if (!j.contains(field) || !j[field].is_array())
     return where + ": no list of messages in field '" + field + "' (set the format's messages_field)";
+  return {};
+}
+
+std::string first_turn(const std::string& where, const record& r, const source_options& src, std::string& text) {
+  const std::string& field = src.messages_field;
+  nlohmann::ordered_json j;
+  if (auto err = read_messages(where, r, field, j); !err.empty()) return err;
   nlohmann::json pair = nlohmann::json::array();
   for (const std::string& role : {src.input_role, src.output_role}) {
     const auto& messages = j[field];
-    const auto m = std::find_if(messages.begin(), messages.end(), [&](const nlohmann::json& x) {
+    const auto m = std::find_if(messages.begin(), messages.end(), [&](const nlohmann::ordered_json& x) {
       return x.is_object() && x.contains("role") && x["role"] == role;
     });
     if (m == messages.end()) return where + ": no message with role '" + role + "' in '" + field + "'";
     if (!m->contains("content") || !(*m)["content"].is_string())
       return where + ": the first '" + role + "' message of '" + field + "' has no string content";
-    pair.push_back((*m)["content"]);
+    pair.push_back((*m)["content"].get<std::string>());
   }
   text = pair.dump();
+  return {};
+}
+
+// A multi-turn chat record: the list of messages, as JSON (upstream ChatProcessor hands it to the template).
+std::string chat_messages(const std::string& where, const record& r, const source_options& src, std::string& text) {
+  const std::string& field = src.messages_field;
+  nlohmann::ordered_json j;
+  if (auto err = read_messages(where, r, field, j); !err.empty()) return err;
+  for (std::size_t i = 0; i < j[field].size(); ++i) {
+    const auto& m = j[field][i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return where + ": message " + std::to_string(i) + " of '" + field + "' is not an object with a string 'role'";
+  }
+  text = j[field].dump();
   return {};
 }
 
@@ -625,14 +647,14 @@ std::string first_turn(const std::string& where, const record& r, const source_o
 
 std::string decode_document(const std::string& path, file_format fmt, const record& r, const source_options& src,
                             std::string& text) {
-  if (!src.pairs()) return decode_record(path, fmt, r, src.text_key, text);
+  if (!src.pairs() && !src.chat) return decode_record(path, fmt, r, src.text_key, text);
   if (fmt == file_format::txt)
     return path + ": supervised and chat data need JSON records (.jsonl), not lines of text";
   if (!src.messages_field.empty()) {
     const std::string where = path + ":" + std::to_string(r.line);
     if (auto bad = find_invalid_utf8(r.bytes); bad != std::string_view::npos)
       return where + ": invalid UTF-8 at byte " + std::to_string(bad) + " of the line";
-    return first_turn(where, r, src, text);
+    return src.chat ? chat_messages(where, r, src, text) : first_turn(where, r, src, text);
   }
   nlohmann::json values = nlohmann::json::array();
   std::string v;

@@ -588,6 +588,8 @@ struct impl {
   std::vector<std::int32_t> prefix_ids, suffix_ids;
   std::optional<std::int32_t> bos, eos;
   std::string bos_text, eos_text;  // the tokens as written (Hugging Face's bos_token / eos_token)
+  std::optional<std::string> chat_template;  // tokenizer_config.json's chat_template or chat_template.jinja
+  std::vector<std::pair<std::string, std::string>> template_tokens;  // special_tokens_map: name -> token text
   bool adds_bos = false, adds_eos = false;
   bool long_text_workaround = false;  // the normalizer is Replace or a Sequence
 
@@ -1626,7 +1628,39 @@ struct loader {
       };
       set_from("bos_token", t.bos, t.bos_text, bos_decided);
       set_from("eos_token", t.eos, t.eos_text, eos_decided);
+      // transformers passes its special_tokens_map to chat templates: the tokens the config sets, as text.
+      for (const char* key : {"unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+        if (!c.is_object() || !c.contains(key)) continue;
+        const auto& v = c[key];
+        if (v.is_string()) t.template_tokens.emplace_back(key, v.get<std::string>());
+        if (v.is_object() && v.contains("content") && v["content"].is_string())
+          t.template_tokens.emplace_back(key, v["content"].get<std::string>());
+      }
+      if (c.is_object() && c.contains("chat_template")) {
+        const auto& v = c["chat_template"];
+        if (v.is_string()) {
+          t.chat_template = v.get<std::string>();
+        } else if (v.is_array()) {  // named templates: transformers uses the one named "default"
+          for (const auto& e : v)
+            if (e.is_object() && e.value("name", nlohmann::json()) == "default" && e.contains("template") &&
+                e["template"].is_string())
+              t.chat_template = e["template"].get<std::string>();
+          if (!t.chat_template)
+            throw data_error("tokenizer config '" + cfg.string() + "': 'chat_template' is a list without a template " +
+                             "named \"default\"; name one \"default\" or give the template in the data format's " +
+                             "chat_template");
+        } else if (!v.is_null()) {
+          throw data_error("tokenizer config '" + cfg.string() + "': 'chat_template' is " + v.dump().substr(0, 80) +
+                           "; give the template as a string");
+        }
+      }
     }
+    if (dir && fs::exists(*dir / "chat_template.jinja")) {  // newer transformers keep the template apart
+      std::ifstream in(*dir / "chat_template.jinja", std::ios::binary);
+      t.chat_template = std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    if (t.bos) t.template_tokens.insert(t.template_tokens.begin(), {"bos_token", t.bos_text});
+    if (t.eos) t.template_tokens.insert(t.template_tokens.begin() + (t.bos ? 1 : 0), {"eos_token", t.eos_text});
     if (!t.bos && !bos_decided)
       for (const char* s : {"<|begin_of_text|>", "<s>", "<|startoftext|>", "<bos>"})
         if ((t.bos = id_of(s))) {
@@ -1744,6 +1778,75 @@ std::optional<std::string> tokenizer::eos_token() const {
   return p_->eos_text;
 }
 bool tokenizer::splits_long_texts() const { return p_->long_text_workaround; }
+const std::optional<std::string>& tokenizer::chat_template() const { return p_->chat_template; }
+const std::vector<std::pair<std::string, std::string>>& tokenizer::template_tokens() const {
+  return p_->template_tokens;
+}
+
+std::vector<std::int64_t> tokenizer::token_ends(std::span<const std::int32_t> ids, std::string_view text) const {
+  const auto& t = *p_;
+  std::vector<std::int64_t> ends;
+  ends.reserve(ids.size());
+  std::size_t pos = 0;
+  auto fail = [&](std::size_t k, const std::string& why) -> void {
+    throw data_error("tokenizer '" + t.name + "': token " + std::to_string(k) + " (id " + std::to_string(ids[k]) +
+                     ") " + why + "; chat loss masks map the template's text to tokens byte by byte, which needs a " +
+                     "byte-level BPE tokenizer without a normalizer (Llama 3, Qwen, OLMo 2 and GPT-2 style) or the " +
+                     "built-in byte tokenizer");
+  };
+  if (t.kind == detail::tok::impl::passthrough)
+    throw data_error("tokenizer 'passthrough' reads ids, not text: chat data needs a text tokenizer");
+  if (t.kind == detail::tok::impl::bpe && !t.normalizers.empty())
+    throw data_error("tokenizer '" + t.name + "' has a normalizer, so its tokens do not spell the text byte by byte; " +
+                     "chat loss masks need a byte-level BPE tokenizer without one (Llama 3, Qwen, OLMo 2 and GPT-2 " +
+                     "style) or the built-in byte tokenizer");
+  std::string piece;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const std::int32_t id = ids[k];
+    bool added = false;
+    if (t.kind == detail::tok::impl::bytes) {
+      if (id < 0 || id > 255) fail(k, "is not a byte");
+      piece.assign(1, static_cast<char>(id));
+    } else {
+      if (id < 0 || static_cast<std::size_t>(id) >= t.id_to_token.size() || !t.has_token[id]) fail(k, "is unknown");
+      const auto& tok = t.id_to_token[id];
+      if (auto a = t.added_by_content.find(tok); a != t.added_by_content.end() && a->second == id) {
+        piece = tok;
+        added = true;
+      } else if (!t.byte_symbols) {
+        fail(k, "is not a byte-level token");
+      } else if (auto raw = detail::tok::byte_level_to_bytes(tok)) {
+        piece = std::move(*raw);
+      } else {
+        fail(k, "has no byte-level spelling");
+      }
+    }
+    if (text.compare(pos, piece.size(), piece) != 0) {
+      // An added token with lstrip / rstrip took the white space around it: its span covers it.
+      std::size_t at = pos;
+      while (added && at < text.size() && std::isspace(static_cast<unsigned char>(text[at]))) ++at;
+      if (!added || text.compare(at, piece.size(), piece) != 0)
+        fail(k, "does not spell the text at byte " + std::to_string(pos));
+      pos = at;
+    }
+    pos += piece.size();
+    while (added && k + 1 < ids.size() && pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) {
+      // rstrip: white space before the next token's own bytes belongs to this one
+      const auto& next = t.kind == detail::tok::impl::bytes ? std::string() : t.id_to_token[ids[k + 1]];
+      auto raw = t.byte_symbols ? detail::tok::byte_level_to_bytes(next) : std::nullopt;
+      const std::string_view want = t.added_by_content.count(next) ? std::string_view(next)
+                                    : raw                            ? std::string_view(*raw)
+                                                                     : std::string_view();
+      if (want.empty() || text.compare(pos, want.size(), want) == 0) break;
+      ++pos;
+    }
+    ends.push_back(static_cast<std::int64_t>(pos));
+  }
+  if (pos != text.size())
+    throw data_error("tokenizer '" + t.name + "': the tokens spell " + std::to_string(pos) + " of the text's " +
+                     std::to_string(text.size()) + " bytes; chat loss masks need tokens that spell the text");
+  return ends;
+}
 bool tokenizer::is_builtin() const { return p_->kind != detail::tok::impl::bpe; }
 const std::string& tokenizer::name() const { return p_->name; }
 std::string tokenizer::content_hash() const { return p_->hash; }

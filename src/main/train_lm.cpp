@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 
+#include <levanter/data/jinja.hpp>
 #include <levanter/distributed/comm.hpp>
 
 #include <levanter/main/programs.hpp>
@@ -141,6 +142,18 @@ void dry_run_checks(const TrainLmConfig& cfg) {
     }
   }
   const auto tok = data::make_tokenizer(cfg.data);
+  for (const auto& spec : data::dataset_specs(cfg.data)) {  // chat data: its template is found and parses
+    if (!spec.chat) continue;
+    const std::string key = spec.name.empty() ? "data.format" : "data.configs." + spec.name + ".format";
+    try {
+      data::make_chat_encode_fn(tok, data::chat_template_for(tok, *spec.chat, cfg.data.chat_template),
+                                spec.chat->mask_user_turns);
+    } catch (const data::jinja::template_error& e) {
+      throw data::data_error(key + ": the chat template does not parse: " + e.what());
+    } catch (const data::data_error& e) {
+      throw data::data_error(key + ": " + e.what());
+    }
+  }
   if (std::get_if<std::string>(&cfg.initialize_from_hf) && cfg.use_hf_model_config) return;  // sizes from config.json
   const std::int64_t vocab = cfg.data.vocab_size.value_or(tok.vocab_size());
   with_model(cfg.model, [&]<class M>(std::type_identity<M>, const typename M::config_type& mc) {

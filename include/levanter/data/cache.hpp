@@ -7,6 +7,7 @@
 //   <split>/input_ids/data.bin      int32 little-endian tokens of all rows, concatenated
 //   <split>/input_ids/offsets.bin   int64 little-endian exclusive end (in tokens) of each row
 //   <split>/sources_len/data.bin    supervised caches only: int32 little-endian sources_len of each row
+//   <split>/assistant_masks/data.bin  chat caches only: one byte (0/1) per token, 1 inside `{% generation %}`
 //
 // A row is a document: the tokens `encode(text)` returned for it (BOS/EOS are the encode function's business; see
 // make_encode_fn for upstream's rule).
@@ -106,6 +107,11 @@ class token_cache {
   bool has_sources_len() const;
   /// sources_len of all committed rows (supervised caches only, else data_error).
   std::vector<std::int32_t> sources_lens() const;
+  /// Whether rows are multi-turn chat (source_options::chat): each token has an assistant mask (1 = the template's
+  /// `{% generation %}` text).
+  bool has_assistant_masks() const;
+  /// Copies the assistant masks of committed tokens [start, start + count) into `out` (chat caches only).
+  void read_masks(std::int64_t start, std::int64_t count, std::uint8_t* out) const;
 
   // Opens or builds; use open_or_build_cache.
   token_cache(std::string dir, std::vector<std::string> files, source_options src, encode_fn encode,

@@ -40,6 +40,7 @@ struct dataset_spec {
   std::optional<std::string> text_key;  ///< the component's `format: {type: text, text_key}`; unset: data's
   bool text_pack = false;  ///< `format: {type: text, pack: true}`: whole documents packed with segment ids
   std::optional<supervised_format> supervised;  ///< `format: {type: supervised, ...}`: packed supervised examples
+  std::optional<chat_format> chat;  ///< `format: {type: chat}` (multi-turn): packed rows of rendered conversations
 };
 
 /// The datasets of the config, in config order (a mixture's `configs` keep the order they are written in).

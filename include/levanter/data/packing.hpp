@@ -82,6 +82,41 @@ struct supervised_format {
   std::int64_t max_segments() const { return pack ? 64 : 1; }
 };
 
+/// A dataset's `format: {type: chat}` with `single_turn: false` (upstream ChatLmDatasetFormat, ChatProcessor and
+/// MultiturnChatDataset): each record's messages are rendered with a chat template (`levanter/data/jinja.hpp`) as
+/// `transformers`' `apply_chat_template(messages, tokenize=True, return_assistant_tokens_mask=True)` does, so a row
+/// holds the ids of the rendered text (no BOS/EOS added beyond the template's own) and an assistant mask per token:
+/// 1 for the tokens of the template's `{% generation %}` text (the token holding its first character through the
+/// token holding its last). Rows are packed greedily as supervised rows are, at most 64 per example (1 without
+/// `pack`), and a row longer than seq_len keeps its first seq_len tokens (upstream's "left"). With
+/// `mask_user_turns`, position p is trained when token p + 1 is in the same row and under the assistant mask; without,
+/// every position whose next token is in its row.
+struct chat_format {
+  std::string messages_field = "messages";
+  std::optional<std::string> chat_template;  ///< the format's template; unset: data.chat_template or the tokenizer's
+  bool pack = true;
+  bool mask_user_turns = true;
+  std::int64_t max_segments() const { return pack ? 64 : 1; }
+};
+
+/// The template a chat dataset renders with: the format's `chat_template`, else `data_template` (data.chat_template),
+/// else the tokenizer's (tokenizer_config.json / chat_template.jinja). None is a data_error saying where to set one;
+/// with `mask_user_turns` a template without a `{% generation %}` block is a data_error too (upstream refuses it:
+/// nothing would be trained).
+std::string chat_template_for(const tokenizer& tok, const chat_format& f, const std::optional<std::string>& data_template);
+
+/// The encode function of multi-turn chat rows (upstream ChatProcessor). Its document is the JSON list of messages
+/// that decode_document makes with source_options::chat; it returns [n, ids (n)..., masks (n)...], which the cache
+/// stores as tokens and assistant masks. The template is rendered with `messages`, `tools` and `documents` (null),
+/// `add_generation_prompt` false and the tokenizer's template_tokens(); the text is encoded without special tokens
+/// added. A template error names the template line; a record with no assistant token is a data_error when
+/// `require_assistant` (mask_user_turns: nothing of it would be trained).
+encode_fn make_chat_encode_fn(tokenizer tok, const std::string& chat_template, bool require_assistant);
+
+/// The preprocessor metadata of a chat cache (upstream ChatProcessor.metadata: tokenizer, vocab_size, chat_template,
+/// messages_field; with tokenizer_hash and `format: chat`).
+nlohmann::json chat_metadata(const tokenizer& tok, const std::string& chat_template, const std::string& messages_field);
+
 /// How upstream's sft program makes examples of a supervised cache (`create_prompt_completion_iterator` and
 /// `pack_prompt_completions` in main/sft.py and data/packing.py): the rows are read in the order of a Feistel
 /// permutation made with the data key (PermutationDataset), `epochs` times over when positive (EpochDataset; 0 reads
@@ -141,6 +176,10 @@ class packed_examples {
   /// seq_len gives examples of seq_len of its tokens each, and its remainder is packed as a document. Segment ids
   /// are document indices; `example(k, false, ...)` trains every position whose next token is in its document.
   static packed_examples documents(std::shared_ptr<token_cache> cache, std::int64_t seq_len, std::int64_t max_segments);
+  /// The rows of a finished chat cache (assistant masks), greedily in cache order, at most `max_segments` per
+  /// example; a row longer than seq_len is an example of its first seq_len tokens. `example(k, true, ...)` trains the
+  /// positions whose next token is an assistant token of the same row.
+  static packed_examples chat(std::shared_ptr<token_cache> cache, std::int64_t seq_len, std::int64_t max_segments);
 
   std::int64_t size() const { return static_cast<std::int64_t>(first_.size()) - 1; }
   std::int64_t seq_len() const { return seq_len_; }
@@ -170,6 +209,7 @@ class packed_examples {
   std::int64_t seq_len_ = 0;
   std::int32_t pad_id_ = 0;
   std::vector<doc_range> packs_;
+  bool chat_ = false;  // rows of a chat cache: the loss mask comes from the assistant masks
   std::vector<packed_piece> pieces_;
   std::vector<std::int64_t> first_{0};  // example k is pieces_[first_[k], first_[k + 1])
   std::int64_t dropped_ = 0;

@@ -43,8 +43,11 @@ struct source_options {
   std::string messages_field;
   /// The roles whose first messages are the input and the output (upstream sft's input_role / output_role).
   std::string input_role = "user", output_role = "assistant";
+  /// Multi-turn chat records (format: chat): the document is the JSON list in `messages_field` (a list of objects,
+  /// each with a string `role`), which the encode function renders with a chat template.
+  bool chat = false;
   /// Whether records are read as (input, output) pairs (`fields` or `messages_field`): supervised rows.
-  bool pairs() const { return !fields.empty() || !messages_field.empty(); }
+  bool pairs() const { return !chat && (!fields.empty() || !messages_field.empty()); }
   bad_document_policy on_bad_document = bad_document_policy::stop;
 };
 

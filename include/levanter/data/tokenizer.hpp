@@ -43,6 +43,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace levanter::data {
@@ -96,6 +97,17 @@ class tokenizer {
   /// Whether upstream's long-text workaround applies (tokenizers issue 1495): the tokenizer.json normalizer is a
   /// `Replace` or a `Sequence` (e.g. SentencePiece/Llama 2 style). See data/cache.hpp make_encode_fn.
   bool splits_long_texts() const;
+  /// The chat template of the tokenizer's directory (`chat_template.jinja`, else tokenizer_config.json's
+  /// `chat_template`: a string, or the entry named "default" of a list), as transformers reads it; nullopt if none.
+  const std::optional<std::string>& chat_template() const;
+  /// The special tokens transformers passes to a chat template (its `special_tokens_map`): `bos_token`,
+  /// `eos_token` and the unk/sep/pad/cls/mask tokens tokenizer_config.json sets, as text.
+  const std::vector<std::pair<std::string, std::string>>& template_tokens() const;
+  /// The exclusive end (in bytes of `text`) of each token of `ids = encode(text, false)`: the tokens' bytes spell
+  /// the text in order (an added token with lstrip/rstrip also covers the white space it took). Throws data_error
+  /// when they do not, and for tokenizers whose tokens cannot spell a text byte by byte (a normalizer, a
+  /// SentencePiece-style model without byte-level symbols, passthrough). Chat loss masks are computed from it.
+  std::vector<std::int64_t> token_ends(std::span<const std::int32_t> ids, std::string_view text) const;
   /// True for the built-ins ("byte", "passthrough"), which no tokenizer file describes.
   bool is_builtin() const;
   /// The path given to from_file, "byte", or "passthrough".
