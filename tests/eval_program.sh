@@ -7,13 +7,6 @@ set -euo pipefail
 train_lm=$(realpath "$1") eval_lm=$(realpath "$2") work=$3
 source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
 fresh_work_dir "$work"
-expect_fail() {  # expect_fail CODE REGEX CMD...: CMD must exit with CODE and print REGEX
-  local code=$1 re=$2 rc=0
-  shift 2
-  "$@" > out.txt 2>&1 || rc=$?
-  [ "$rc" = "$code" ] || { cat out.txt; fail "'$*' exited with $rc, expected $code"; }
-  grep -Eq "$re" out.txt || { cat out.txt; fail "'$*' did not say /$re/"; }
-}
 
 "$train_lm" --trainer.num_train_steps 2 --trainer.steps_per_eval 1000 --trainer.id two --trainer.log_dir logs \
   --trainer.checkpointer.base_path ckpt > train.out 2>&1 || { cat train.out; fail "train_lm failed"; }

@@ -28,6 +28,7 @@
 
 #include "gradcheck.hpp"
 #include "h5_golden.hpp"
+#include "llama_configs.hpp"
 
 namespace fs = std::filesystem;
 namespace hax = haliax;
@@ -46,18 +47,7 @@ const char* const cases[] = {"llama_mha", "llama_gqa_tied_linear", "llama_mqa_ll
                              "gemma_gqa", "gemma2_softcap", "gemma3_local", "olmo2_gqa", "olmo2_tied_llama3",
                              "mixtral_top2", "mixtral_top1"};
 
-/// The config of our type for an HF model_type.
-LlamaConfig base_for(const std::string& model_type) {
-  if (model_type == "mistral") return levanter::MistralConfig{};
-  if (model_type == "qwen2") return levanter::QwenConfig{};
-  if (model_type == "qwen3") return levanter::Qwen3Config{};
-  if (model_type == "gemma") return levanter::GemmaConfig{};
-  if (model_type == "gemma2") return levanter::Gemma2Config{};
-  if (model_type == "gemma3_text") return levanter::Gemma3Config{};
-  if (model_type == "olmo2") return levanter::Olmo2Config{};
-  if (model_type == "mixtral") return levanter::MixtralConfig{};
-  return LlamaConfig{};
-}
+using test_llama::base_for;
 
 struct imported {
   LlamaConfig cfg;

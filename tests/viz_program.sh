@@ -9,13 +9,6 @@ set -euo pipefail
 train_lm=$(realpath "$1") viz=$(realpath "$2") golden=$(realpath "$3") work=$4
 source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
 fresh_work_dir "$work"
-expect_fail() {  # expect_fail CODE REGEX CMD...: CMD must exit with CODE and print REGEX
-  local code=$1 re=$2 rc=0
-  shift 2
-  "$@" > out.txt 2>&1 || rc=$?
-  [ "$rc" = "$code" ] || { cat out.txt; fail "'$*' exited with $rc, expected $code"; }
-  grep -Eq "$re" out.txt || { cat out.txt; fail "'$*' did not say /$re/"; }
-}
 count() { grep -o -- "$1" "$2" | wc -l; }
 
 common=(--trainer.steps_per_eval 1000 --trainer.log_dir logs --trainer.checkpointer.base_path ckpt)

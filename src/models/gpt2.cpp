@@ -54,17 +54,19 @@ void LMHeadModel::check(const Gpt2Config& cfg, std::int64_t vocab) {
 hidden LMHeadModel::activations(const Gpt2Config& cfg, const token_batch& tokens, const token_batch& segments,
                                 const forward_options& o) const {
   const auto n = tokens.size(Pos);
-  if (n > cfg.seq_len)
-    throw std::invalid_argument("gpt2: sequence of " + std::to_string(n) + " tokens is longer than seq_len " +
-                                std::to_string(cfg.seq_len));
+  const std::int64_t start = o.cache ? o.cache->length : 0;  // decoding: the tokens are positions start, start + 1, ...
+  if (start + n > cfg.seq_len)
+    throw std::invalid_argument("gpt2: sequence of " + std::to_string(start + n) + " tokens is longer than seq_len " +
+                                std::to_string(cfg.seq_len) + " (the learned position embeddings end there)");
   const auto& wpe = embeddings.position_embeddings.weight;
-  hidden x = embeddings.token_embeddings.embed(tokens) + (n == cfg.seq_len ? wpe : hax::slice(wpe, Pos, 0, n));
+  hidden x = embeddings.token_embeddings.embed(tokens) + (n == cfg.seq_len ? wpe : hax::slice(wpe, Pos, start, n));
   if (!o.inference && cfg.embed_pdrop > 0) x = nn::Dropout{cfg.embed_pdrop}(x, hax::random::fold_in(o.key, 0), false);
   const nn::Dropout resid{cfg.resid_pdrop};
   const bool resid_drop = !o.inference && cfg.resid_pdrop > 0;
   x = transformer.blocks.fold(
       x,
-      [&cfg, &segments, &o, resid, resid_drop](const Block<>& b, const hidden& h, std::int64_t i) -> hidden {
+      // `o` by value: gradient checkpointing runs this again in the backward pass, after this call returned.
+      [&cfg, &segments, o, resid, resid_drop](const Block<>& b, const hidden& h, std::int64_t i) -> hidden {
         const auto kl = hax::random::fold_in(o.key, i + 1);
         hidden a = attention(b.attn, cfg, b.ln_1(h), segments, i, o);
         if (resid_drop) a = resid(a, hax::random::fold_in(kl, 2), false);
@@ -74,6 +76,7 @@ hidden LMHeadModel::activations(const Gpt2Config& cfg, const token_batch& tokens
         return h2 + f;
       },
       o.checkpointing);
+  if (o.cache) o.cache->length += n;
   return transformer.ln_f(x);
 }
 

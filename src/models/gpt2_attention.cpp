@@ -22,6 +22,11 @@ hidden attention(const Attention<>& a, const Gpt2Config& cfg, const hidden& x, c
     spec.dropout = cfg.attn_pdrop;
     spec.dropout_key = hax::random::fold_in(o.key, 3 * layer + 1);
   }
+  if (o.cache) {  // decoding: attend over the cached positions and these
+    spec.q_start = o.cache->length;
+    const auto [kc, vc] = o.cache->append(layer, k, v);
+    return a.c_proj(layers::attention(q, kc, vc, segments, spec));
+  }
   return a.c_proj(layers::attention(q, k, v, segments, spec));
 }
 

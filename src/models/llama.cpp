@@ -126,15 +126,18 @@ void LMHeadModel::check(const LlamaConfig& cfg, std::int64_t vocab) {
 hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& tokens, const token_batch& segments,
                                 const forward_options& o) const {
   const auto n = tokens.size(Pos);
-  if (n > cfg.seq_len)
-    throw std::invalid_argument(std::string(family_type_name(cfg.family)) + ": sequence of " + std::to_string(n) +
-                                " tokens is longer than seq_len " + std::to_string(cfg.seq_len));
+  const std::int64_t start = o.cache ? o.cache->length : 0;  // decoding: the tokens are positions start, ...
+  if (start + n > cfg.seq_len)
+    throw std::invalid_argument(std::string(family_type_name(cfg.family)) + ": sequence of " +
+                                std::to_string(start + n) + " tokens is longer than seq_len " +
+                                std::to_string(cfg.seq_len));
   hidden x = embeddings.token_embeddings.embed(tokens);
   if (cfg.family->scaled_embeddings) x = x * cfg.embedding_scale();
   if (embeddings.norm) x = (*embeddings.norm)(x);
   x = transformer.layers.fold(
       x,
-      [&cfg, &segments, aux = o.aux](const DecoderLayer<>& b, const hidden& h, std::int64_t i) -> hidden {
+      [&cfg, &segments, aux = o.aux, cache = o.cache](const DecoderLayer<>& b, const hidden& h,
+                                                      std::int64_t i) -> hidden {
         const auto act = nn::activation_from_name(cfg.activation_function);
         const auto swiglu = [&](const LlamaMlp<>& m, const hidden& u) {
           return m.down_proj(nn::apply_activation(act, m.gate_proj(u)) * m.up_proj(u));
@@ -146,10 +149,10 @@ hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& token
           return y;
         };
         if (!b.input_layernorm) {  // OLMo 2: the norms follow the sublayers
-          const hidden h2 = h + b.post_attention_layernorm(attention(b.self_attn, cfg, h, segments, i));
+          const hidden h2 = h + b.post_attention_layernorm(attention(b.self_attn, cfg, h, segments, i, cache));
           return h2 + (*b.post_feedforward_layernorm)(mlp(h2));
         }
-        hidden a = attention(b.self_attn, cfg, (*b.input_layernorm)(h), segments, i);
+        hidden a = attention(b.self_attn, cfg, (*b.input_layernorm)(h), segments, i, cache);
         if (b.pre_feedforward_layernorm) {  // Gemma 2 and 3
           const hidden h2 = h + b.post_attention_layernorm(a);
           return h2 + (*b.post_feedforward_layernorm)(mlp((*b.pre_feedforward_layernorm)(h2)));
@@ -161,6 +164,7 @@ hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& token
         return h2 + f;
       },
       o.checkpointing);
+  if (o.cache) o.cache->length += n;
   return transformer.norm(x);
 }
 

@@ -44,7 +44,7 @@ auto rope_tables_of(SP pos, SH head, const nn::rope_spec& s) {
 }  // namespace
 
 hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, const token_batch& segments,
-                 std::int64_t layer) {
+                 std::int64_t layer, kv_cache* cache) {
   auto q = a.q_proj(x);  // {batch, position, kv_head, q_heads_per_group, head_size}
   auto k = a.k_proj(x);  // {batch, position, kv_head, head_size}
   auto v = a.v_proj(x);
@@ -57,11 +57,20 @@ hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, 
     k = hax::unflatten_axis((*a.k_proj_norm)(hax::flatten_axes(k, axes<KVHeads, HeadSize>{}, KFeatures)), KFeatures,
                             k.sized(KVHeads), k.sized(HeadSize));
   }
-  const auto rope = rope_tables_of(x.sized(Pos), q.sized(HeadSize), rope_spec_of(cfg.rope_of_layer(layer)));
+  const std::int64_t start = cache ? cache->length : 0;  // decoding: x holds positions start, start + 1, ...
+  auto rope = rope_tables_of((start + x.size(Pos)) * Pos, q.sized(HeadSize), rope_spec_of(cfg.rope_of_layer(layer)));
+  if (start > 0)
+    rope = decltype(rope){hax::slice(rope.cos, Pos, start, x.size(Pos)), hax::slice(rope.sin, Pos, start, x.size(Pos))};
   q = nn::apply_rotary(q, rope, Pos, HeadSize);
   auto kr = hax::rename(nn::apply_rotary(k, rope, Pos, HeadSize), Pos, KeyPos);
   auto vr = hax::rename(v, Pos, KeyPos);
+  if (cache) {  // the layer's keys and values so far, these appended (stored on the Heads axis)
+    const auto [kc, vc] = cache->append(layer, hax::rename(kr, KVHeads, Heads), hax::rename(vr, KVHeads, Heads));
+    kr = hax::rename(kc, Heads, KVHeads);
+    vr = hax::rename(vc, Heads, KVHeads);
+  }
   layers::attention_spec spec;
+  spec.q_start = start;
   spec.backend = layers::attention_backend_of(cfg.attn_backend);
   spec.scale = cfg.attention_scale();
   spec.logits_soft_cap = cfg.attn_logit_softcapping;

@@ -9,6 +9,26 @@
 
 namespace levanter {
 
+std::pair<const kv_cache::kv_array&, const kv_cache::kv_array&> kv_cache::append(std::int64_t layer,
+                                                                                 const kv_array& k_new,
+                                                                                 const kv_array& v_new) {
+  const auto n = static_cast<std::int64_t>(k.size());
+  if (length == 0 && layer == n) {  // the first pass: the layers come in order
+    k.push_back(k_new);
+    v.push_back(v_new);
+  } else if (layer >= 0 && layer < n && k[static_cast<std::size_t>(layer)].size(KeyPos) == length) {
+    auto& kl = k[static_cast<std::size_t>(layer)];
+    auto& vl = v[static_cast<std::size_t>(layer)];
+    kl = hax::concatenate(KeyPos, kl, k_new);
+    vl = hax::concatenate(KeyPos, vl, v_new);
+  } else {
+    throw std::logic_error("kv_cache: layer " + std::to_string(layer) + " does not follow the cache (" +
+                           std::to_string(n) + " layers of " + std::to_string(length) +
+                           " positions): the model's forward pass must append every layer once per call");
+  }
+  return {k[static_cast<std::size_t>(layer)], v[static_cast<std::size_t>(layer)]};
+}
+
 lm_example lm_example::causal(const token_batch& tokens, std::int64_t eos_id, std::int64_t ignore_id) {
   const auto B = tokens.size(Batch), P = tokens.size(Pos);
   auto host = tokens.to_host();

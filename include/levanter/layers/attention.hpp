@@ -45,15 +45,21 @@ struct attention_spec {
   std::optional<int> block_size;          ///< query and key block of the blocked kernels
   double dropout = 0;                     ///< attention dropout on the weights (training only)
   hax::random::key dropout_key{};
+  /// Decoding over a kv_cache: the queries are positions [q_start, q_start + n) and the keys positions from 0 (more
+  /// keys than queries); one sequence per batch row, so the segments are not read.
+  std::int64_t q_start = 0;
 };
 
 namespace detail {
-/// The causal mask, narrowed to the spec's window and to the segments, of the plain form.
-inline auto plain_mask(std::int64_t n, const token_batch& segments, const attention_spec& s) {
+/// The causal mask, narrowed to the spec's window and to the segments, of the plain form: `nq` queries from
+/// position `s.q_start` against `nk` keys from 0 (decoding reads no segments: every key is the row's).
+inline auto plain_mask(std::int64_t nq, std::int64_t nk, const token_batch& segments, const attention_spec& s) {
   namespace nn = haliax::nn;
-  return (s.sliding_window > 0 ? nn::sliding_window_mask(n * Pos, n * KeyPos, s.sliding_window)
-                               : nn::causal_mask(n * Pos, n * KeyPos)) &&
-         nn::segment_mask(segments, Pos, KeyPos);
+  auto m = s.sliding_window > 0 ? nn::sliding_window_mask(nq * Pos, nk * KeyPos, s.sliding_window, s.q_start)
+                                : nn::causal_mask(nq * Pos, nk * KeyPos, s.q_start);
+  if (nq == nk && s.q_start == 0) return m && nn::segment_mask(segments, hax::rename(segments, Pos, KeyPos));
+  const auto rows = segments.sized(Batch);
+  return m && nn::segment_mask(hax::zeros<std::int32_t>(rows, nq * Pos), hax::zeros<std::int32_t>(rows, nk * KeyPos));
 }
 }  // namespace detail
 
@@ -67,15 +73,22 @@ hax::named_array<float, AxQ> attention(const hax::named_array<float, AxQ>& q, co
                                        const hax::named_array<float, AxV>& v, const token_batch& segments,
                                        const attention_spec& s) {
   namespace nn = haliax::nn;
+  const bool decoding = s.q_start != 0 || k.size(KeyPos) != q.size(Pos);
   if (s.backend == attention_backend::blocked && s.dropout == 0) {
     nn::flash_attention_options fo;
     fo.scale = s.scale;
     fo.logits_soft_cap = s.logits_soft_cap;
     fo.sliding_window = s.sliding_window;
+    fo.q_start = s.q_start;
     if (s.block_size) fo.block_q = fo.block_k = *s.block_size;
+    if (decoding) {  // one segment per row (the same kernels as training: segment ids all 0)
+      const auto rows = q.sized(Batch);
+      return nn::flash_attention(q, k, v, Pos, KeyPos, HeadSize, hax::zeros<std::int32_t>(rows, q.sized(Pos)),
+                                 hax::zeros<std::int32_t>(rows, k.sized(KeyPos)), fo);
+    }
     return nn::flash_attention(q, k, v, Pos, KeyPos, HeadSize, segments, hax::rename(segments, Pos, KeyPos), fo);
   }
-  const auto mask = detail::plain_mask(q.size(Pos), segments, s);
+  const auto mask = detail::plain_mask(q.size(Pos), k.size(KeyPos), segments, s);
   const nn::attention_options opts{.scale = s.scale, .logits_soft_cap = s.logits_soft_cap};
   if (s.dropout > 0) {
     auto w = nn::dot_product_attention_weights(q, k, KeyPos, HeadSize, mask, opts);
@@ -96,7 +109,7 @@ hax::named_array<float, AxQ> attention(const hax::named_array<float, AxQ>& q, co
                                        const hax::named_array<float, AxV>& v, const token_batch& segments,
                                        const attention_spec& s, const hax::named_array<float, AxS>& sinks) {
   namespace nn = haliax::nn;
-  const auto mask = detail::plain_mask(q.size(Pos), segments, s);
+  const auto mask = detail::plain_mask(q.size(Pos), k.size(KeyPos), segments, s);
   const nn::attention_options opts{.scale = s.scale, .logits_soft_cap = s.logits_soft_cap};
   auto w = nn::dot_product_attention_weights_with_sink(q, k, sinks, KeyPos, HeadSize, mask, opts);
   if (s.dropout > 0) w = nn::Dropout{s.dropout}(w, s.dropout_key, false);

@@ -138,9 +138,9 @@ struct Embeddings {
 };
 
 /// Attention of one layer over {batch, position, embed}: RoPE, causal (within a window for windowed layers),
-/// within segments.
+/// within segments; with a cache, over the cached positions and these (kv_cache).
 hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, const token_batch& segments,
-                 std::int64_t layer);
+                 std::int64_t layer, kv_cache* cache = nullptr);
 
 /// Mixtral's sparse mixture of experts over {batch, position, embed}: routing (layers/moe.hpp), the experts as grouped
 /// matmuls over the tokens sorted by expert, the weighted sum back; records layer `layer`'s auxiliary losses in `aux`.

@@ -108,6 +108,22 @@ struct lm_aux {
   }
 };
 
+/// Keys and values of the positions decoded so far, one pair per attention layer, so that decoding a token reads
+/// them instead of recomputing the prefix (levanter/inference/generate.hpp). Given one through
+/// forward_options::cache, a model treats its input as positions [length, length + n) of one sequence per batch row
+/// (no packed segments), each attention layer appends the keys and values of those positions and attends over all
+/// of them, and the forward pass advances `length` by n. Key/value heads are stored on the `Heads` axis whatever the
+/// model calls them.
+struct kv_cache {
+  using kv_array = hax::named_array<float, hax::axes<Batch, KeyPos, Heads, HeadSize>>;
+  std::vector<kv_array> k, v;  ///< per layer, `length` positions each
+  std::int64_t length = 0;     ///< positions held: the next input's first position
+  /// Appends `k_new` / `v_new` (the input's positions) to layer `layer` (the next layer in order when the cache is
+  /// new) and returns the layer's keys and values, `length + n` positions. Throws std::logic_error when the layer
+  /// or the lengths do not follow (a model that does not use the cache consistently).
+  std::pair<const kv_array&, const kv_array&> append(std::int64_t layer, const kv_array& k_new, const kv_array& v_new);
+};
+
 /// What a forward pass needs besides the parameters.
 struct forward_options {
   bool inference = true;     ///< dropout off
@@ -116,6 +132,8 @@ struct forward_options {
   /// Where a model with auxiliary losses records them (compute_next_token_loss sets it). Shared: a layer that
   /// gradient checkpointing recomputes in the backward pass, after the forward call returned, writes it again.
   std::shared_ptr<lm_aux> aux;
+  /// Decoding: the keys and values of earlier positions (kv_cache). Null: a whole sequence, positions from 0.
+  kv_cache* cache = nullptr;
 };
 
 /// How the next-token loss is computed (upstream `compute_next_token_loss` arguments).

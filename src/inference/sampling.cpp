@@ -1,0 +1,98 @@
+// Sampling (levanter/inference/generate.hpp): temperature, top-k, top-p and a counter-based draw, so that a token
+// depends only on the logits, the options, the seed and its index.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <levanter/inference/generate.hpp>
+
+namespace levanter {
+
+namespace {
+
+// SplitMix64 of (seed, index): a uniform double in [0, 1) per generated token.
+double uniform01(std::uint64_t seed, std::int64_t index) {
+  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(index) + 0x632BE59BD9B4E019ull;
+  for (int r = 0; r < 2; ++r) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+  }
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+}  // namespace
+
+std::pair<std::int32_t, double> choose_token(std::span<const float> logits, const sampling_options& s,
+                                             std::int64_t index) {
+  if (!(s.temperature >= 0)) throw std::invalid_argument("temperature must be at least 0");
+  if (s.top_k < 0) throw std::invalid_argument("top_k must be at least 0 (0 keeps every token)");
+  if (!(s.top_p > 0 && s.top_p <= 1)) throw std::invalid_argument("top_p must be in (0, 1]");
+  const auto n = logits.size();
+  if (n == 0) throw std::invalid_argument("no logits to sample from");
+  // Tokens by logit, highest first (ties: lower id first); NaN logits are never chosen.
+  std::vector<std::int32_t> order;
+  order.reserve(n);
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isnan(logits[i]) && logits[i] > -std::numeric_limits<float>::infinity())
+      order.push_back(static_cast<std::int32_t>(i));
+  if (order.empty()) throw std::invalid_argument("every logit is -inf or NaN: no token can be chosen");
+  const auto by_logit = [&](std::int32_t a, std::int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  if (s.temperature == 0) {
+    const auto best = *std::min_element(order.begin(), order.end(), by_logit);
+    // greedy: the token's probability under the plain softmax
+    double z = 0;
+    for (auto i : order) z += std::exp(static_cast<double>(logits[i]) - logits[best]);
+    return {best, -std::log(z)};
+  }
+  std::size_t keep = order.size();
+  if (s.top_k > 0 && static_cast<std::size_t>(s.top_k) < keep) {
+    std::partial_sort(order.begin(), order.begin() + s.top_k, order.end(), by_logit);
+    keep = static_cast<std::size_t>(s.top_k);
+  } else {
+    std::sort(order.begin(), order.end(), by_logit);
+  }
+  order.resize(keep);
+  std::vector<double> p(keep);
+  const double top = logits[order[0]] / s.temperature;
+  double z = 0;
+  for (std::size_t i = 0; i < keep; ++i) z += p[i] = std::exp(logits[order[i]] / s.temperature - top);
+  for (auto& x : p) x /= z;
+  if (s.top_p < 1) {  // the smallest prefix whose mass reaches top_p (at least one token)
+    double c = 0;
+    std::size_t m = 0;
+    while (m < keep && (m == 0 || c < s.top_p)) c += p[m++];
+    keep = m;
+    p.resize(keep);
+    for (auto& x : p) x /= c;
+  }
+  const double u = uniform01(s.seed, index);
+  double c = 0;
+  std::size_t pick = keep - 1;
+  for (std::size_t i = 0; i < keep; ++i) {
+    c += p[i];
+    if (u < c) {
+      pick = i;
+      break;
+    }
+  }
+  return {order[pick], std::log(p[pick])};
+}
+
+bool ends_generation(std::span<const std::int32_t> tokens, const sampling_options& s) {
+  if (tokens.empty()) return false;
+  if (std::find(s.stop_tokens.begin(), s.stop_tokens.end(), tokens.back()) != s.stop_tokens.end()) return true;
+  for (const auto& q : s.stop_sequences)
+    if (!q.empty() && q.size() <= tokens.size() && std::equal(q.rbegin(), q.rend(), tokens.rbegin())) return true;
+  return false;
+}
+
+}  // namespace levanter
