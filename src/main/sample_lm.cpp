@@ -52,7 +52,6 @@ std::vector<sample> run_sample_lm(const SampleLmConfig& cfg, const config::sourc
 
   detail::sample_job job;
   job.cfg = &cfg;
-  job.model_given = detail::sources_under(sources, "model");
   if (cfg.hf_checkpoint) {
     job.hf.emplace(hf::open_dir(*cfg.hf_checkpoint, "hf_checkpoint"));
   } else {
@@ -90,19 +89,19 @@ std::vector<sample> run_sample_lm(const SampleLmConfig& cfg, const config::sourc
   if (cfg.engine.set)
     out << "sample_lm: the engine section (a paged cache's sizes) is read but not used: one sequence at a time\n";
   // The model type: the given model section, else the checkpoint's, else the Hugging Face directory's.
-  ModelChoice choice = cfg.model;
-  if (!job.model_given) {
+  job.model = cfg.model;
+  if (!detail::sources_under(sources, "model")) {
     if (job.train_config)
-      choice = job.train_config->model;
+      job.model = job.train_config->model;
     else if (job.hf)
-      choice = model_choice_for_hf(*job.hf);
+      job.model = model_choice_for_hf(*job.hf);
     else
       throw config::config_error("checkpoint_path: the checkpoint has no config.yaml; give the model section "
                                  "(--model.type gpt2 --model.hidden_dim ...)");
   }
   for (std::size_t i = 0; i < job.prompts.size(); ++i)
     out << "Prompt " << i << ": " << cfg.prompts[i] << " (" << job.prompts[i].size() << " tokens)\n";
-  return with_model(choice, [&]<class M>(std::type_identity<M>, const auto&) { return run_sample_lm_with<M>(job, out); });
+  return with_model(job.model, [&]<class M>(std::type_identity<M>, const auto&) { return run_sample_lm_with<M>(job, out); });
 }
 
 int sample_lm_main(int argc, char** argv) {

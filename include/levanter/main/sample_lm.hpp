@@ -91,25 +91,22 @@ namespace detail {
 /// What sample_lm needs besides the model type.
 struct sample_job {
   const SampleLmConfig* cfg = nullptr;
-  bool model_given = false;
   std::optional<checkpoint::checkpoint_info> checkpoint;
   std::optional<TrainLmConfig> train_config;
   std::optional<hf::hf_dir> hf;
   data::tokenizer tok = data::tokenizer::byte_level();
   std::vector<std::vector<std::int32_t>> prompts;
   std::vector<std::int32_t> stop;  ///< the stop sequence's tokens (empty: none)
+  /// The model section: the given one, else the checkpoint's config.yaml, else the Hugging Face config.json.
+  ModelChoice model;
 };
 
-/// The model config of type C the job names: the given model section, else the checkpoint's config.yaml, else the
-/// Hugging Face directory's config.json. Throws config::config_error when they disagree on the type.
+/// The job's model section as config type C (the type it was dispatched on).
 template <class C>
 C sample_model_config(const sample_job& job) {
-  const ModelChoice choice = job.model_given || (!job.train_config && !job.hf) ? job.cfg->model
-                             : job.train_config                               ? job.train_config->model
-                                                                              : model_choice_for_hf(*job.hf);
-  const C* c = model_config_as<C>(choice);
+  const C* c = model_config_as<C>(job.model);
   if (!c)
-    throw config::config_error("model: a '" + std::string(choice.type_name()) + "' section, but the model is a '" +
+    throw config::config_error("model: a '" + std::string(job.model.type_name()) + "' section, but the model is a '" +
                                std::string(C::type_name) + "'");
   return *c;
 }
