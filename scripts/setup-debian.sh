@@ -18,6 +18,8 @@ packages=(
   doctest-dev libbenchmark-dev
   # The fuzz tests (tests/fuzz/): clang++ and its libFuzzer and sanitizer runtimes.
   clang libclang-rt-14-dev
+  # serve_lm's HTTP server; curl for its tests.
+  libcpp-httplib-dev curl
   # h5dump and h5ls: the tests check that checkpoints open in the standard HDF5 tools.
   hdf5-tools
   # The embedded default's corpus (English text, turned into JSON lines by the build).

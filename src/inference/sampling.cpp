@@ -95,4 +95,38 @@ bool ends_generation(std::span<const std::int32_t> tokens, const sampling_option
   return false;
 }
 
+decoder::decoder(logits_fn logits, std::int64_t positions, std::vector<std::int32_t> prompt, sampling_options s)
+    : logits_(std::move(logits)), positions_(positions), all_(std::move(prompt)), s_(std::move(s)) {
+  if (all_.empty()) throw std::invalid_argument("generate: the prompt has no tokens");
+  prompt_len_ = static_cast<std::int64_t>(all_.size());
+  if (prompt_len_ > positions_)
+    throw std::invalid_argument("generate: the prompt has " + std::to_string(prompt_len_) + " tokens, more than the " +
+                                std::to_string(positions_) + " positions of the model");
+  out_.finish_reason = "length";
+  if (s_.max_new_tokens <= 0) done_ = true;
+}
+
+bool decoder::step() {
+  if (done_) return false;
+  const std::int64_t i = static_cast<std::int64_t>(out_.tokens.size());
+  // The prefill runs the whole prompt; each later step the token chosen last.
+  const auto logits = i == 0 ? logits_(cache_, all_) : logits_(cache_, std::span<const std::int32_t>(&all_.back(), 1));
+  const auto [id, lp] = choose_token(logits, s_, i);
+  out_.tokens.push_back(id);
+  out_.logprobs.push_back(lp);
+  all_.push_back(id);
+  if (ends_generation(out_.tokens, s_)) {
+    out_.finish_reason = "stop";
+    done_ = true;
+  } else if (i + 1 == s_.max_new_tokens || static_cast<std::int64_t>(all_.size()) >= positions_) {
+    done_ = true;
+  }
+  return !done_;
+}
+
+void decoder::finish(std::string reason) {
+  out_.finish_reason = std::move(reason);
+  done_ = true;
+}
+
 }  // namespace levanter

@@ -35,48 +35,73 @@ std::string print_sample(const sample_job& job, const sample& s, std::ostream& o
 
 }  // namespace detail
 
-std::vector<sample> run_sample_lm(const SampleLmConfig& cfg, const config::source_map& sources, std::ostream& out) {
-  if (cfg.checkpoint_path && cfg.hf_checkpoint)
+namespace detail {
+
+model_source resolve_model_source(const std::optional<std::string>& checkpoint_path,
+                                  const std::optional<std::string>& hf_checkpoint, const ModelChoice& model,
+                                  const std::optional<std::string>& tokenizer, const config::source_map& sources,
+                                  const std::function<void(const std::string&)>& say) {
+  if (checkpoint_path && hf_checkpoint)
     throw config::config_error("checkpoint_path and hf_checkpoint are both set; give one (as upstream)");
-  if (!cfg.checkpoint_path && !cfg.hf_checkpoint)
+  if (!checkpoint_path && !hf_checkpoint)
     throw config::config_error("give checkpoint_path (a train_lm checkpoint) or hf_checkpoint (a local Hugging Face "
                                "directory; no network here)");
+  if (hf_checkpoint && !config::url_scheme(*hf_checkpoint).empty())
+    throw config::config_error("hf_checkpoint: '" + *hf_checkpoint +
+                               "' is not a local directory (no network here); download the model and give its path");
+  model_source src;
+  if (hf_checkpoint) {
+    src.hf.emplace(hf::open_dir(*hf_checkpoint, "hf_checkpoint"));
+  } else {
+    src.checkpoint = find_checkpoint(*checkpoint_path, "checkpoint_path", say);
+    src.train_config = checkpoint_train_config(*src.checkpoint);
+  }
+  // The tokenizer: the given one, else hf_checkpoint's own files, else the checkpoint's data.tokenizer.
+  LmDataConfig tok_cfg;
+  if (tokenizer) {
+    tok_cfg.tokenizer = *tokenizer;
+    if (*tokenizer == "passthrough")  // ids as text, up to the model's vocabulary
+      tok_cfg.vocab_size = src.hf ? src.hf->vocab_size : checkpoint_vocab_size(*src.checkpoint);
+  }
+  else if (src.hf)
+    tok_cfg.tokenizer = src.hf->dir;
+  else if (src.train_config)
+    tok_cfg = src.train_config->data;
+  else
+    throw config::config_error("tokenizer: the checkpoint has no config.yaml to take it from; give --tokenizer");
+  try {
+    src.tok = data::make_tokenizer(tok_cfg);
+  } catch (const data::data_error& e) {
+    throw data::data_error(std::string("tokenizer: ") + e.what());
+  }
+  // The model type: the given model section, else the checkpoint's, else the Hugging Face directory's.
+  src.model = model;
+  if (!sources_under(sources, "model")) {
+    if (src.train_config)
+      src.model = src.train_config->model;
+    else if (src.hf)
+      src.model = model_choice_for_hf(*src.hf);
+    else
+      throw config::config_error("checkpoint_path: the checkpoint has no config.yaml; give the model section "
+                                 "(--model.type gpt2 --model.hidden_dim ...)");
+  }
+  return src;
+}
+
+}  // namespace detail
+
+std::vector<sample> run_sample_lm(const SampleLmConfig& cfg, const config::source_map& sources, std::ostream& out) {
   if (cfg.max_new_tokens <= 0) throw config::config_error("max_new_tokens must be positive");
   if (!(cfg.temperature >= 0)) throw config::config_error("temperature must be at least 0 (0 is greedy)");
   if (cfg.n_generations <= 0 || cfg.n_rounds <= 0)
     throw config::config_error("n_generations and n_rounds must be positive");
   if (cfg.prompts.empty()) throw config::config_error("prompts is empty: give at least one prompt");
-  if (cfg.hf_checkpoint && !config::url_scheme(*cfg.hf_checkpoint).empty())
-    throw config::config_error("hf_checkpoint: '" + *cfg.hf_checkpoint +
-                               "' is not a local directory (no network here); download the model and give its path");
 
   detail::sample_job job;
+  static_cast<detail::model_source&>(job) =
+      detail::resolve_model_source(cfg.checkpoint_path, cfg.hf_checkpoint, cfg.model, cfg.tokenizer, sources,
+                                   [&](const std::string& m) { out << "sample_lm: " << m << "\n"; });
   job.cfg = &cfg;
-  if (cfg.hf_checkpoint) {
-    job.hf.emplace(hf::open_dir(*cfg.hf_checkpoint, "hf_checkpoint"));
-  } else {
-    job.checkpoint = find_checkpoint(*cfg.checkpoint_path, "checkpoint_path",
-                                     [&](const std::string& m) { out << "sample_lm: " << m << "\n"; });
-    job.train_config = checkpoint_train_config(*job.checkpoint);
-  }
-  // The tokenizer: the given one, else hf_checkpoint's own files, else the checkpoint's data.tokenizer.
-  LmDataConfig tok_cfg;
-  if (cfg.tokenizer) {
-    tok_cfg.tokenizer = *cfg.tokenizer;
-    if (*cfg.tokenizer == "passthrough")  // ids as text, up to the model's vocabulary
-      tok_cfg.vocab_size = job.hf ? job.hf->vocab_size : checkpoint_vocab_size(*job.checkpoint);
-  }
-  else if (job.hf)
-    tok_cfg.tokenizer = job.hf->dir;
-  else if (job.train_config)
-    tok_cfg = job.train_config->data;
-  else
-    throw config::config_error("tokenizer: the checkpoint has no config.yaml to take it from; give --tokenizer");
-  try {
-    job.tok = data::make_tokenizer(tok_cfg);
-  } catch (const data::data_error& e) {
-    throw data::data_error(std::string("tokenizer: ") + e.what());
-  }
   for (const auto& p : cfg.prompts) {
     job.prompts.push_back(job.tok.encode(p, false));
     if (job.prompts.back().empty())
@@ -88,17 +113,6 @@ std::vector<sample> run_sample_lm(const SampleLmConfig& cfg, const config::sourc
   }
   if (cfg.engine.set)
     out << "sample_lm: the engine section (a paged cache's sizes) is read but not used: one sequence at a time\n";
-  // The model type: the given model section, else the checkpoint's, else the Hugging Face directory's.
-  job.model = cfg.model;
-  if (!detail::sources_under(sources, "model")) {
-    if (job.train_config)
-      job.model = job.train_config->model;
-    else if (job.hf)
-      job.model = model_choice_for_hf(*job.hf);
-    else
-      throw config::config_error("checkpoint_path: the checkpoint has no config.yaml; give the model section "
-                                 "(--model.type gpt2 --model.hidden_dim ...)");
-  }
   for (std::size_t i = 0; i < job.prompts.size(); ++i)
     out << "Prompt " << i << ": " << cfg.prompts[i] << " (" << job.prompts[i].size() << " tokens)\n";
   return with_model(job.model, [&]<class M>(std::type_identity<M>, const auto&) { return run_sample_lm_with<M>(job, out); });

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -51,21 +52,47 @@ std::pair<std::int32_t, double> choose_token(std::span<const float> logits, cons
 /// sequence).
 bool ends_generation(std::span<const std::int32_t> tokens, const sampling_options& s);
 
-/// Runs `prompt` through `model` and then generates up to `s.max_new_tokens` tokens, one at a time over a kv_cache.
-/// The prompt plus the new tokens must fit the model's positions (`seq_len` of models with learned positions):
-/// generation stops with finish_reason "length" there. Throws std::invalid_argument for an empty prompt, and
-/// std::logic_error if the model's forward pass does not keep the cache (a model written for training only).
+/// The logits of the last position after running `ids` through a model that appends them to `cache` (the next
+/// positions after `cache.length`). make_logits_fn makes one for a model; decoder and the server call it.
+using logits_fn = std::function<std::vector<float>(kv_cache& cache, std::span<const std::int32_t> ids)>;
+
+/// One sequence being generated, a step at a time: the first step runs the prompt (prefill), each later one the
+/// last chosen token; every step chooses one token. `generate` runs the steps to the end; the server (serve_lm)
+/// interleaves the steps of many sequences, which changes nothing in any of them (each has its own cache, and a
+/// token depends only on its sequence's logits, options and index).
+class decoder {
+ public:
+  /// `positions`: the model's positions (seq_len); generation ends there with finish_reason "length". Throws
+  /// std::invalid_argument for an empty prompt or one longer than `positions`.
+  decoder(logits_fn logits, std::int64_t positions, std::vector<std::int32_t> prompt, sampling_options s);
+  /// Runs the next forward pass and chooses a token (appended to result().tokens). Returns whether more steps
+  /// remain. Throws std::logic_error if the model did not keep the cache, and what choose_token throws.
+  bool step();
+  bool done() const { return done_; }
+  const generation& result() const { return out_; }
+  const sampling_options& options() const { return s_; }
+  std::int64_t prompt_tokens() const { return prompt_len_; }
+  /// Ends the sequence early with `reason` (a stop string the caller found in the text, a client that left).
+  void finish(std::string reason);
+
+ private:
+  logits_fn logits_;
+  std::int64_t positions_ = 0, prompt_len_ = 0;
+  std::vector<std::int32_t> all_;
+  sampling_options s_;
+  kv_cache cache_;
+  generation out_;
+  bool done_ = false;
+};
+
+/// The logits_fn of `model`: its forward pass over `ids` with the cache, then the LM head on the last position.
+/// The model and config are referenced, not copied: they must outlive the function.
 template <LmModel M>
-generation generate(const M& model, const typename M::config_type& cfg, std::span<const std::int32_t> prompt,
-                    const sampling_options& s) {
-  if (prompt.empty()) throw std::invalid_argument("generate: the prompt has no tokens");
-  namespace hx = haliax;
-  kv_cache cache;
-  forward_options o;
-  o.cache = &cache;
-  std::vector<std::int32_t> all(prompt.begin(), prompt.end());
-  generation out;
-  auto run = [&](std::span<const std::int32_t> ids) {
+logits_fn make_logits_fn(const M& model, const typename M::config_type& cfg) {
+  return [&model, &cfg](kv_cache& cache, std::span<const std::int32_t> ids) {
+    namespace hx = haliax;
+    forward_options o;
+    o.cache = &cache;
     const auto n = static_cast<std::int64_t>(ids.size());
     const auto before = cache.length;
     const auto tokens = hx::from_host<std::int32_t>(ids, 1 * Batch, n * Pos);
@@ -73,28 +100,21 @@ generation generate(const M& model, const typename M::config_type& cfg, std::spa
     if (cache.length != before + n || cache.k.empty())
       throw std::logic_error(std::string("generate: the model '") + std::string(M::class_name) +
                              "' does not keep a kv_cache in its forward pass (forward_options::cache)");
-    const auto logits = lm_head_logits(hx::slice(h, Pos, n - 1, 1), model.get_lm_head(), final_logit_soft_cap_of(cfg));
-    return logits.to_host();
+    return lm_head_logits(hx::slice(h, Pos, n - 1, 1), model.get_lm_head(), final_logit_soft_cap_of(cfg)).to_host();
   };
-  const std::int64_t limit = cfg.seq_len;
-  if (static_cast<std::int64_t>(all.size()) > limit)
-    throw std::invalid_argument("generate: the prompt has " + std::to_string(all.size()) + " tokens, more than the " +
-                                std::to_string(limit) + " positions of the model");
-  auto logits = run(prompt);
-  out.finish_reason = "length";
-  for (std::int64_t i = 0; i < s.max_new_tokens; ++i) {
-    const auto [id, lp] = choose_token(logits, s, i);
-    out.tokens.push_back(id);
-    out.logprobs.push_back(lp);
-    all.push_back(id);
-    if (ends_generation(out.tokens, s)) {
-      out.finish_reason = "stop";
-      break;
-    }
-    if (i + 1 == s.max_new_tokens || static_cast<std::int64_t>(all.size()) >= limit) break;
-    logits = run(std::span<const std::int32_t>(&all.back(), 1));
+}
+
+/// Runs `prompt` through `model` and then generates up to `s.max_new_tokens` tokens, one at a time over a kv_cache.
+/// The prompt plus the new tokens must fit the model's positions (`seq_len` of models with learned positions):
+/// generation stops with finish_reason "length" there. Throws std::invalid_argument for an empty prompt, and
+/// std::logic_error if the model's forward pass does not keep the cache (a model written for training only).
+template <LmModel M>
+generation generate(const M& model, const typename M::config_type& cfg, std::span<const std::int32_t> prompt,
+                    const sampling_options& s) {
+  decoder d(make_logits_fn(model, cfg), cfg.seq_len, std::vector<std::int32_t>(prompt.begin(), prompt.end()), s);
+  while (d.step()) {
   }
-  return out;
+  return d.result();
 }
 
 }  // namespace levanter

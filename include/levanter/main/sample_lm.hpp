@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -88,27 +89,54 @@ struct sample {
 
 namespace detail {
 
-/// What sample_lm needs besides the model type.
-struct sample_job {
-  const SampleLmConfig* cfg = nullptr;
+/// Where a generating program's model and tokenizer come from (sample_lm, serve_lm).
+struct model_source {
   std::optional<checkpoint::checkpoint_info> checkpoint;
   std::optional<TrainLmConfig> train_config;
   std::optional<hf::hf_dir> hf;
   data::tokenizer tok = data::tokenizer::byte_level();
-  std::vector<std::vector<std::int32_t>> prompts;
-  std::vector<std::int32_t> stop;  ///< the stop sequence's tokens (empty: none)
   /// The model section: the given one, else the checkpoint's config.yaml, else the Hugging Face config.json.
   ModelChoice model;
 };
 
-/// The job's model section as config type C (the type it was dispatched on).
+/// The model source of a program's keys: exactly one of checkpoint_path (a train_lm checkpoint or a directory of
+/// them, the newest used) and hf_checkpoint (a local Hugging Face directory); the tokenizer given, else the
+/// directory's own, else the checkpoint's data.tokenizer; the model section given (per `sources`), else the
+/// checkpoint's or the directory's. `say` reports what was chosen. Throws config::config_error, data::data_error,
+/// checkpoint::error or hf::error naming the key.
+model_source resolve_model_source(const std::optional<std::string>& checkpoint_path,
+                                  const std::optional<std::string>& hf_checkpoint, const ModelChoice& model,
+                                  const std::optional<std::string>& tokenizer, const config::source_map& sources,
+                                  const std::function<void(const std::string&)>& say);
+
+/// What sample_lm needs besides the model type.
+struct sample_job : model_source {
+  const SampleLmConfig* cfg = nullptr;
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<std::int32_t> stop;  ///< the stop sequence's tokens (empty: none)
+};
+
+/// The source's model section as config type C (the type it was dispatched on).
 template <class C>
-C sample_model_config(const sample_job& job) {
+C sample_model_config(const model_source& job) {
   const C* c = model_config_as<C>(job.model);
   if (!c)
     throw config::config_error("model: a '" + std::string(job.model.type_name()) + "' section, but the model is a '" +
                                std::string(C::type_name) + "'");
   return *c;
+}
+
+/// The model of `src` (its weights from the checkpoint or the Hugging Face directory), checked against the tokenizer.
+template <LmModel M>
+loaded_lm<M> load_source_model(const model_source& src) {
+  using C = typename M::config_type;
+  const C given = sample_model_config<C>(src);
+  loaded_lm<M> mdl = src.hf ? load_lm_from_hf<M>(*src.hf, given) : load_lm_from_checkpoint<M>(*src.checkpoint, given);
+  if (src.tok.vocab_size() > mdl.model.vocab_size())
+    throw config::config_error("tokenizer: '" + src.tok.name() + "' has " + std::to_string(src.tok.vocab_size()) +
+                               " tokens, more than the model's vocabulary of " +
+                               std::to_string(mdl.model.vocab_size()) + "; give the model's own tokenizer");
+  return mdl;
 }
 
 /// Generates and prints every continuation of the job with `model`; returns them.
@@ -131,14 +159,8 @@ bool sources_under(const config::source_map& sources, const std::string& prefix)
 /// sample_lm with model type M (instantiated once per built-in model type in the library).
 template <LmModel M>
 std::vector<sample> run_sample_lm_with(const detail::sample_job& job, std::ostream& out) {
-  using C = typename M::config_type;
-  const C given = detail::sample_model_config<C>(job);
-  const loaded_lm<M> mdl = job.hf ? load_lm_from_hf<M>(*job.hf, given) : load_lm_from_checkpoint<M>(*job.checkpoint, given);
+  const loaded_lm<M> mdl = detail::load_source_model<M>(job);
   out << "sample_lm: model " << mdl.name << (mdl.step ? " (step " + std::to_string(*mdl.step) + ")" : "") << "\n";
-  if (job.tok.vocab_size() > mdl.model.vocab_size())
-    throw config::config_error("tokenizer: '" + job.tok.name() + "' has " + std::to_string(job.tok.vocab_size()) +
-                               " tokens, more than the model's vocabulary of " +
-                               std::to_string(mdl.model.vocab_size()) + "; give the model's own tokenizer");
   return detail::sample_all(mdl.model, mdl.config, job, out);
 }
 
