@@ -108,9 +108,19 @@ decoder::decoder(logits_fn logits, std::int64_t positions, std::vector<std::int3
 
 bool decoder::step() {
   if (done_) return false;
-  const std::int64_t i = static_cast<std::int64_t>(out_.tokens.size());
+  if (!logits_) throw std::logic_error("decoder: no logits function; the caller runs the forward passes (accept)");
+  return accept(logits_(cache_, next_input(), 1));
+}
+
+std::span<const std::int32_t> decoder::next_input() const {
   // The prefill runs the whole prompt; each later step the token chosen last.
-  const auto logits = i == 0 ? logits_(cache_, all_) : logits_(cache_, std::span<const std::int32_t>(&all_.back(), 1));
+  if (out_.tokens.empty()) return all_;
+  return std::span<const std::int32_t>(&all_.back(), 1);
+}
+
+bool decoder::accept(std::span<const float> logits) {
+  if (done_) return false;
+  const std::int64_t i = static_cast<std::int64_t>(out_.tokens.size());
   const auto [id, lp] = choose_token(logits, s_, i);
   out_.tokens.push_back(id);
   out_.logprobs.push_back(lp);
@@ -122,6 +132,25 @@ bool decoder::step() {
     done_ = true;
   }
   return !done_;
+}
+
+void keep_cache_rows(kv_cache& cache, std::span<const std::int64_t> rows) {
+  namespace hx = haliax;
+  auto keep = [&](kv_cache::kv_array& a) {
+    const auto B = a.size(Batch), L = a.size(KeyPos), H = a.size(Heads), D = a.size(HeadSize);
+    const auto host = a.to_host();
+    const auto row = static_cast<std::size_t>(L * H * D);
+    std::vector<float> out;
+    out.reserve(rows.size() * row);
+    for (const auto r : rows) {
+      if (r < 0 || r >= B) throw std::out_of_range("keep_cache_rows: row " + std::to_string(r) + " of " + std::to_string(B));
+      out.insert(out.end(), host.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * row),
+                 host.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(r) + 1) * row));
+    }
+    a = hx::from_host<float>(out, static_cast<std::int64_t>(rows.size()) * Batch, L * KeyPos, H * Heads, D * HeadSize);
+  };
+  for (auto& a : cache.k) keep(a);
+  for (auto& a : cache.v) keep(a);
 }
 
 void decoder::finish(std::string reason) {

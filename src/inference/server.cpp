@@ -24,6 +24,10 @@
 #include <levanter/data/jinja.hpp>
 
 #if LEVANTER_HAVE_HTTPLIB
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <httplib.h>
 #endif
 
@@ -106,12 +110,16 @@ std::size_t whole_utf8(const std::string& text, std::size_t end, std::size_t fro
   return std::max(e, from);
 }
 
-/// Steps every admitted sequence in turn, a token each, and admits queued jobs between rounds.
+/// Runs the admitted sequences a token per round, and admits queued jobs between rounds. Each sequence is a group of
+/// its own, or, with `batch`, sequences admitted in the same round with prompts of the same length form a group: one
+/// batched forward pass per round over one cache (their lengths stay equal), so the weights are read once for all of
+/// them. A finished sequence leaves its group.
 class engine {
  public:
   engine(const data::tokenizer& tok, logits_fn logits, std::int64_t positions, std::int64_t max_seqs,
-         std::int64_t max_queued)
-      : tok_(tok), logits_(std::move(logits)), positions_(positions), max_seqs_(max_seqs), max_queued_(max_queued) {}
+         std::int64_t max_queued, bool batch)
+      : tok_(tok), logits_(std::move(logits)), positions_(positions), max_seqs_(max_seqs), max_queued_(max_queued),
+        batch_(batch) {}
 
   /// Queues `j`; false when the queue is full.
   bool submit(job j) {
@@ -126,37 +134,44 @@ class engine {
     return true;
   }
 
+  /// Forward passes run and tokens chosen so far (tokens / passes: the mean batch).
+  std::pair<std::int64_t, std::int64_t> stats() const { return {passes_, tokens_}; }
+
   /// Runs until `stop()`; then fails every queued and running request (their threads wake and answer).
   void run(const std::function<bool()>& stop) {
     while (!stop()) {
       admit();
-      if (active_.empty()) {
+      if (groups_.empty()) {
         std::unique_lock<std::mutex> lock(m_);
         cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return !queue_.empty(); });
         continue;
       }
-      for (auto it = active_.begin(); it != active_.end();) {
-        if (it->ch->cancelled || step(*it))
-          it = active_.erase(it);
+      for (auto it = groups_.begin(); it != groups_.end();) {
+        if (step(*it))
+          it = groups_.erase(it);
         else
           ++it;
       }
     }
     std::lock_guard<std::mutex> lock(m_);
-    for (auto& s : active_) fail(*s.ch, "the server is shutting down");
+    for (auto& g : groups_)
+      for (auto& r : g.rows) fail(*r.ch, "the server is shutting down");
     for (auto& j : queue_) fail(*j.ch, "the server is shutting down");
-    active_.clear();
+    groups_.clear();
     queue_.clear();
   }
 
  private:
-  struct running_seq {
+  struct row {
     decoder d;
     std::shared_ptr<channel> ch;
     std::size_t choice;
-    const std::vector<std::string>* stops;
-    std::shared_ptr<const std::vector<std::string>> stops_owner;
+    std::shared_ptr<const std::vector<std::string>> stops;
     std::size_t emitted = 0, tokens_sent = 0;
+  };
+  struct group {
+    kv_cache cache;
+    std::vector<row> rows;
   };
 
   static void fail(channel& ch, const std::string& why) {
@@ -165,33 +180,90 @@ class engine {
     ch.cv.notify_all();
   }
 
+  std::int64_t running() const {
+    std::int64_t n = 0;
+    for (const auto& g : groups_) n += static_cast<std::int64_t>(g.rows.size());
+    return n;
+  }
+
   void admit() {
-    std::lock_guard<std::mutex> lock(m_);
-    // First come, first served: the head waits until its sequences fit, and nothing passes it.
-    while (!queue_.empty() &&
-           static_cast<std::int64_t>(active_.size() + queue_.front().seqs.size()) <= max_seqs_) {
-      job j = std::move(queue_.front());
-      queue_.pop_front();
-      auto stops = std::make_shared<const std::vector<std::string>>(std::move(j.stops));
-      for (std::size_t i = 0; i < j.seqs.size(); ++i) {
-        try {
-          active_.push_back(running_seq{decoder(logits_, positions_, std::move(j.seqs[i].prompt), j.seqs[i].options),
-                                        j.ch, i, stops.get(), stops, 0, 0});
-        } catch (const std::exception& e) {
-          fail(*j.ch, e.what());
+    std::vector<row> fresh;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      // First come, first served: the head waits until its sequences fit, and nothing passes it.
+      std::int64_t n = running();
+      while (!queue_.empty() && n + static_cast<std::int64_t>(queue_.front().seqs.size()) <= max_seqs_) {
+        job j = std::move(queue_.front());
+        queue_.pop_front();
+        n += static_cast<std::int64_t>(j.seqs.size());
+        auto stops = std::make_shared<const std::vector<std::string>>(std::move(j.stops));
+        for (std::size_t i = 0; i < j.seqs.size(); ++i) {
+          try {
+            fresh.push_back(row{decoder({}, positions_, std::move(j.seqs[i].prompt), j.seqs[i].options), j.ch, i,
+                                stops, 0, 0});
+          } catch (const std::exception& e) {
+            fail(*j.ch, e.what());
+          }
         }
       }
     }
+    // One group per sequence, or (batch_) per prompt length, in order of arrival.
+    std::list<group> formed;
+    for (auto& r : fresh) {
+      const auto len = r.d.prompt_tokens();
+      auto it = std::find_if(formed.begin(), formed.end(),
+                             [&](const group& g) { return batch_ && g.rows.front().d.prompt_tokens() == len; });
+      if (it == formed.end()) {
+        formed.emplace_back();
+        it = std::prev(formed.end());
+      }
+      it->rows.push_back(std::move(r));
+    }
+    groups_.splice(groups_.end(), formed);
   }
 
-  /// One token of `s`; returns whether it is finished (or failed).
-  bool step(running_seq& s) {
+  /// One round of group `g`: drops the rows whose clients left, runs the forward pass, chooses each row's token and
+  /// sends its piece; drops the finished rows. Returns whether the group is empty (or failed).
+  bool step(group& g) {
+    drop_rows(g, [](const row& r) { return r.ch->cancelled.load(); });
+    if (g.rows.empty()) return true;
+    std::vector<std::int32_t> ids;
+    for (const auto& r : g.rows) {
+      const auto in = r.d.next_input();
+      ids.insert(ids.end(), in.begin(), in.end());
+    }
+    const auto rows = static_cast<std::int64_t>(g.rows.size());
+    ++passes_;
+    tokens_ += rows;
     try {
-      s.d.step();
+      const auto logits = logits_(g.cache, ids, rows);
+      const std::size_t vocab = logits.size() / g.rows.size();
+      for (std::size_t k = 0; k < g.rows.size(); ++k) {
+        g.rows[k].d.accept(std::span<const float>(logits.data() + k * vocab, vocab));
+        send_piece(g.rows[k]);
+      }
     } catch (const std::exception& e) {
-      fail(*s.ch, std::string("generation failed: ") + e.what());
+      for (auto& r : g.rows) fail(*r.ch, std::string("generation failed: ") + e.what());
       return true;
     }
+    drop_rows(g, [](const row& r) { return r.d.done(); });
+    return g.rows.empty();
+  }
+
+  template <class Pred>
+  void drop_rows(group& g, Pred gone) {
+    std::vector<std::int64_t> keep;
+    for (std::size_t k = 0; k < g.rows.size(); ++k)
+      if (!gone(g.rows[k])) keep.push_back(static_cast<std::int64_t>(k));
+    if (keep.size() == g.rows.size()) return;
+    std::vector<row> rows;
+    for (const auto k : keep) rows.push_back(std::move(g.rows[static_cast<std::size_t>(k)]));
+    g.rows = std::move(rows);
+    if (!g.rows.empty() && !g.cache.k.empty()) keep_cache_rows(g.cache, keep);
+  }
+
+  /// The text and tokens `s` made since its last piece, to its channel; cuts the text at a stop string.
+  void send_piece(row& s) {
     const auto& g = s.d.result();
     std::string text = tok_.decode(g.tokens, true);
     std::size_t longest = 0;
@@ -208,7 +280,8 @@ class engine {
     std::size_t end = text.size();
     if (!s.d.done()) {
       // Hold back what could still become a stop string or a whole character.
-      end = text.size() > (longest ? longest - 1 : 0) ? text.size() - (longest ? longest - 1 : 0) : 0;
+      const std::size_t hold = longest ? longest - 1 : 0;
+      end = text.size() > hold ? text.size() - hold : 0;
       static const std::string replacement = "\xEF\xBF\xBD";  // the decoder's U+FFFD for a partial character
       if (end == text.size() && text.size() >= 3 && text.compare(text.size() - 3, 3, replacement) == 0) end -= 3;
       end = whole_utf8(text, end, s.emitted);
@@ -221,22 +294,21 @@ class engine {
     p.logprobs.assign(g.logprobs.begin() + static_cast<std::ptrdiff_t>(s.tokens_sent), g.logprobs.end());
     s.tokens_sent = g.tokens.size();
     if (s.d.done()) p.finish_reason = g.finish_reason;
-    {
-      std::lock_guard<std::mutex> lock(s.ch->m);
-      if (s.d.done()) --s.ch->running;
-      s.ch->pieces.push_back(std::move(p));
-      s.ch->cv.notify_all();
-    }
-    return s.d.done();
+    std::lock_guard<std::mutex> lock(s.ch->m);
+    if (s.d.done()) --s.ch->running;
+    s.ch->pieces.push_back(std::move(p));
+    s.ch->cv.notify_all();
   }
 
   const data::tokenizer& tok_;
   logits_fn logits_;
   std::int64_t positions_, max_seqs_, max_queued_;
+  bool batch_;
+  std::int64_t passes_ = 0, tokens_ = 0;
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<job> queue_;
-  std::list<running_seq> active_;
+  std::list<group> groups_;
 };
 
 // ---- requests ------------------------------------------------------------------------------------------------
@@ -691,6 +763,24 @@ class handler {
   std::int64_t started_ = static_cast<std::int64_t>(std::time(nullptr));
 };
 
+/// cpp-httplib 0.11 listens with a backlog of 5: a burst of clients connecting at once (32 in bench/serve_load.cpp)
+/// overflows it and some connections are reset before a request is read. Linux lets listen() be called again on a
+/// listening socket to change its backlog; the library does not expose its socket, so it is found by its port.
+void raise_backlog(int port) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    int accepting = 0;
+    socklen_t len = sizeof(accepting);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || !accepting) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int p = -1;
+    if (addr.ss_family == AF_INET) p = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) p = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+    if (p == port) ::listen(fd, SOMAXCONN);
+  }
+}
+
 std::atomic<bool> g_signalled{false};
 extern "C" void on_signal(int) { g_signalled = true; }
 
@@ -712,7 +802,7 @@ void serve(const server_options& opts, const data::tokenizer& tok, logits_fn log
     throw config::config_error("port must be between 0 (any free port) and 65535 (is " + std::to_string(opts.port) + ")");
   if (!(opts.temperature >= 0)) throw config::config_error("temperature must be at least 0 (0 is greedy)");
 
-  engine eng(tok, std::move(logits), positions, opts.service.max_seqs, opts.max_queued_requests);
+  engine eng(tok, std::move(logits), positions, opts.service.max_seqs, opts.max_queued_requests, opts.batch_decode);
   handler h(opts, tok, eng, positions);
   httplib::Server svr;
   const auto threads = static_cast<std::size_t>(opts.threads);
@@ -764,12 +854,13 @@ void serve(const server_options& opts, const data::tokenizer& tok, logits_fn log
     throw config::config_error("host/port: cannot listen on " + opts.host + ":" + std::to_string(port) +
                                " (in use, or not an address of this machine); give another port, or port 0");
   }
+  raise_backlog(port);
   g_signalled = false;
   auto old_int = std::signal(SIGINT, on_signal);
   auto old_term = std::signal(SIGTERM, on_signal);
   std::thread listener([&svr] { svr.listen_after_bind(); });
   out << "serve_lm: serving '" << opts.model_name << "' (" << positions << " positions, up to "
-      << opts.service.max_seqs << " sequences at once)\n";
+      << opts.service.max_seqs << " sequences at once" << (opts.batch_decode ? ", batched" : "") << ")\n";
   out << "serve_lm: listening on http://" << host << ":" << port << std::endl;
   if (opts.on_listening) opts.on_listening(port);
   eng.run([&] { return g_signalled.load() || (stop && stop()); });
@@ -777,7 +868,8 @@ void serve(const server_options& opts, const data::tokenizer& tok, logits_fn log
   listener.join();
   std::signal(SIGINT, old_int);
   std::signal(SIGTERM, old_term);
-  out << "serve_lm: stopped" << std::endl;
+  const auto [passes, tokens] = eng.stats();
+  out << "serve_lm: stopped after " << tokens << " tokens in " << passes << " forward passes" << std::endl;
 }
 
 #endif

@@ -29,6 +29,7 @@ server_options serve_options(const ServeLmConfig& cfg, const std::string& model_
   o.default_max_tokens = cfg.default_max_tokens;
   o.max_queued_requests = cfg.max_queued_requests;
   o.threads = cfg.threads;
+  o.batch_decode = cfg.batch_decode;
   return o;
 }
 

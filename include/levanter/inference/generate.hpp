@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <haliax/ops/indexing.hpp>
 #include <levanter/models/lm.hpp>
 
 namespace levanter {
@@ -52,22 +53,37 @@ std::pair<std::int32_t, double> choose_token(std::span<const float> logits, cons
 /// sequence).
 bool ends_generation(std::span<const std::int32_t> tokens, const sampling_options& s);
 
-/// The logits of the last position after running `ids` through a model that appends them to `cache` (the next
-/// positions after `cache.length`). make_logits_fn makes one for a model; decoder and the server call it.
-using logits_fn = std::function<std::vector<float>(kv_cache& cache, std::span<const std::int32_t> ids)>;
+/// The logits of the last position of each row after running `ids` (`rows` rows of ids.size() / rows tokens,
+/// row-major) through a model that appends them to `cache` (the next positions after `cache.length`, every row at
+/// the same length): rows x vocabulary floats. make_logits_fn makes one for a model; decoder and the server call it.
+/// A row's logits do not depend on the other rows (each row's attention reads its own keys; the GEMMs compute each
+/// row alone), so a sequence generates the same tokens alone or batched with others (tests/test_serve.cpp).
+using logits_fn =
+    std::function<std::vector<float>(kv_cache& cache, std::span<const std::int32_t> ids, std::int64_t rows)>;
+
+/// Keeps rows `rows` (ascending indices into the Batch axis) of every layer's keys and values: the sequences of a
+/// batched cache that go on when the others have finished.
+void keep_cache_rows(kv_cache& cache, std::span<const std::int64_t> rows);
 
 /// One sequence being generated, a step at a time: the first step runs the prompt (prefill), each later one the
-/// last chosen token; every step chooses one token. `generate` runs the steps to the end; the server (serve_lm)
-/// interleaves the steps of many sequences, which changes nothing in any of them (each has its own cache, and a
-/// token depends only on its sequence's logits, options and index).
+/// last chosen token; every step chooses one token. `generate` runs the steps to the end over the decoder's own
+/// cache (step()); the server (serve_lm) runs the forward passes of many decoders as one batch over a shared cache
+/// and gives each its row of logits (next_input(), accept()). Neither changes any sequence's tokens: a token depends
+/// only on its sequence's logits, options and index.
 class decoder {
  public:
-  /// `positions`: the model's positions (seq_len); generation ends there with finish_reason "length". Throws
-  /// std::invalid_argument for an empty prompt or one longer than `positions`.
+  /// `positions`: the model's positions (seq_len); generation ends there with finish_reason "length". `logits` may
+  /// be empty when the caller runs the forward passes (accept()). Throws std::invalid_argument for an empty prompt
+  /// or one longer than `positions`.
   decoder(logits_fn logits, std::int64_t positions, std::vector<std::int32_t> prompt, sampling_options s);
-  /// Runs the next forward pass and chooses a token (appended to result().tokens). Returns whether more steps
-  /// remain. Throws std::logic_error if the model did not keep the cache, and what choose_token throws.
+  /// Runs the next forward pass over the decoder's own cache and chooses a token (appended to result().tokens).
+  /// Returns whether more steps remain. Throws std::logic_error if the model did not keep the cache, and what
+  /// choose_token throws.
   bool step();
+  /// The ids the next forward pass takes: the prompt first, then the token chosen last.
+  std::span<const std::int32_t> next_input() const;
+  /// Chooses the next token from the logits of the forward pass over next_input(); returns whether more steps remain.
+  bool accept(std::span<const float> logits);
   bool done() const { return done_; }
   const generation& result() const { return out_; }
   const sampling_options& options() const { return s_; }
@@ -85,18 +101,21 @@ class decoder {
   bool done_ = false;
 };
 
-/// The logits_fn of `model`: its forward pass over `ids` with the cache, then the LM head on the last position.
+/// The logits_fn of `model`: its forward pass over the rows with the cache, then the LM head on the last position.
 /// The model and config are referenced, not copied: they must outlive the function.
 template <LmModel M>
 logits_fn make_logits_fn(const M& model, const typename M::config_type& cfg) {
-  return [&model, &cfg](kv_cache& cache, std::span<const std::int32_t> ids) {
+  return [&model, &cfg](kv_cache& cache, std::span<const std::int32_t> ids, std::int64_t rows) {
     namespace hx = haliax;
     forward_options o;
     o.cache = &cache;
-    const auto n = static_cast<std::int64_t>(ids.size());
+    const auto n = static_cast<std::int64_t>(ids.size()) / rows;
+    if (rows <= 0 || n <= 0 || n * rows != static_cast<std::int64_t>(ids.size()))
+      throw std::invalid_argument("generate: " + std::to_string(ids.size()) + " ids do not make " +
+                                  std::to_string(rows) + " equal rows");
     const auto before = cache.length;
-    const auto tokens = hx::from_host<std::int32_t>(ids, 1 * Batch, n * Pos);
-    const auto h = model.activations(cfg, tokens, hx::zeros<std::int32_t>(1 * Batch, n * Pos), o);
+    const auto tokens = hx::from_host<std::int32_t>(ids, rows * Batch, n * Pos);
+    const auto h = model.activations(cfg, tokens, hx::zeros<std::int32_t>(rows * Batch, n * Pos), o);
     if (cache.length != before + n || cache.k.empty())
       throw std::logic_error(std::string("generate: the model '") + std::string(M::class_name) +
                              "' does not keep a kv_cache in its forward pass (forward_options::cache)");
