@@ -9,18 +9,8 @@ train_lm=$(realpath "$1") serve_lm=$(realpath "$2") tokenizer=$(realpath "$3") w
 source "$(dirname "${BASH_SOURCE[0]}")/script_lib.sh"
 fresh_work_dir "$work"
 
-"$train_lm" --trainer.num_train_steps 2 --trainer.steps_per_eval 1000 --trainer.id chatty --trainer.log_dir logs \
-  --trainer.checkpointer.base_path ckpt --data.tokenizer "$tokenizer" --data.cache_dir cache > train.out 2>&1 || { cat train.out; fail "train_lm failed"; }
-
-"$serve_lm" --checkpoint_path ckpt/chatty --port 0 --max_body_bytes 2000 > serve.out 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  grep -q "listening on" serve.out && break
-  kill -0 $server 2>/dev/null || { cat serve.out; fail "serve_lm exited before listening"; }
-  sleep 0.2
-done
-url=$(grep -o 'http://127.0.0.1:[0-9]*' serve.out) || { cat serve.out; fail "serve_lm did not say where it listens"; }
+train_chat_checkpoint "$train_lm" "$tokenizer"
+start_serve_lm "$serve_lm" --checkpoint_path ckpt/chatty --port 0 --max_body_bytes 2000
 
 req() { curl -sS -o body.txt -w '%{http_code}' "$@"; }
 [ "$(req "$url/health")" = 200 ] && grep -q '"healthy"' body.txt || fail "/health: $(cat body.txt)"

@@ -183,7 +183,7 @@ TEST_CASE("serve: health, models, and completions equal generate() on the same p
   for (int i = 0; i < 4; ++i) CHECK(r["choices"][i]["text"] == six);
 }
 
-TEST_CASE("serve: alone, a forward pass per sequence and token; with batch_decode, one per token for the n choices") {
+TEST_CASE("serve: alone a forward pass per sequence and token, with batch_decode one per token for the n choices") {
   {
     served s;
     const auto r = s.post_ok("/v1/completions", {{"model", "tiny"}, {"prompt", "Batch me"}, {"max_tokens", 10},
