@@ -558,8 +558,8 @@ class handler {
       run(r, chat, res);
     } catch (const request_error& e) {
       res.status = e.status;
-      res.set_content(error_body(e.what(), e.status == 404 ? "invalid_request_error" : "invalid_request_error",
-                                 e.param, e.code).dump(-1, ' ', false, lossy), "application/json");
+      res.set_content(error_body(e.what(), "invalid_request_error", e.param, e.code).dump(-1, ' ', false, lossy),
+                      "application/json");
     }
   }
 
