@@ -21,6 +21,7 @@ int sft_main(int argc, char** argv);
 int sft_mixture_main(int argc, char** argv);
 int sample_lm_main(int argc, char** argv);
 int serve_lm_main(int argc, char** argv);
+int lora_lm_main(int argc, char** argv);
 
 /// OpenBLAS picks its kernels when it loads, from OPENBLAS_CORETYPE. Debian's build (and some images'
 /// OPENBLAS_CORETYPE=Haswell) runs AVX2 kernels on AVX-512 CPUs, at about half the sgemm rate. When the CPU has

@@ -26,6 +26,9 @@ namespace levanter::hf {
 template <>
 struct hf_adapter<gpt2::LMHeadModel> {
   static constexpr std::string_view model_type = "gpt2";
+  /// The tensors are stored without it, but in GPT2LMHeadModel they live under `transformer` (PEFT's adapter names
+  /// are module paths: base_model.model.transformer.h.0.attn.c_attn).
+  static constexpr std::string_view module_prefix = "transformer.";
   /// upstream `Gpt2Config.to_hf_config`.
   static nlohmann::json to_hf_config(const Gpt2Config& c, std::int64_t vocab);
   /// upstream `Gpt2Config.from_hf_config`: the architecture from config.json; gradient checkpointing, the
