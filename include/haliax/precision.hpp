@@ -50,6 +50,40 @@ class matmul_precision_scope {
   matmul_precision previous_;
 };
 
+// ---- rows computed alone ------------------------------------------------------------------------------------------
+//
+//   {
+//     haliax::independent_rows_scope rows;   // each row of a product is what it would be in a product of one row
+//     auto logits = decode_step(batch_of_sequences);
+//   }
+//
+// A BLAS rounds a row of C = A.B differently depending on the shape of the call it is in (OpenBLAS's small-matrix
+// kernels take products under about 10^6 multiply-adds), so a sequence decoded beside others can get other bits
+// than the same sequence alone. Under this scope the host's float GEMMs (f32 and f64 through OpenBLAS) call the BLAS
+// only with tiles of exactly `detail::independent_row_tile` rows (the last one padded with zero rows in a copy) and
+// columns cut as for that many rows, so every row of C comes out of a call of the same shape whatever the number of
+// rows and the other rows' values: a row is a function of its own row of A (tests/test_generate.cpp checks batched
+// decoding against each sequence alone). Products under matmul_precision::bf16, and device memory, are unchanged.
+// Process-wide, as the precision is; generation sets it (levanter/inference/generate.hpp).
+namespace detail {
+inline std::atomic<int>& independent_rows_setting() {
+  static std::atomic<int> depth{0};
+  return depth;
+}
+}  // namespace detail
+
+/// Whether an independent_rows_scope is alive.
+inline bool independent_rows() { return detail::independent_rows_setting().load(std::memory_order_relaxed) > 0; }
+
+/// Host float GEMMs compute each row of their result as they would alone, for this scope's lifetime (nests).
+class independent_rows_scope {
+ public:
+  independent_rows_scope() { detail::independent_rows_setting().fetch_add(1, std::memory_order_relaxed); }
+  ~independent_rows_scope() { detail::independent_rows_setting().fetch_sub(1, std::memory_order_relaxed); }
+  independent_rows_scope(const independent_rows_scope&) = delete;
+  independent_rows_scope& operator=(const independent_rows_scope&) = delete;
+};
+
 // Whether `matmul_precision::bf16` runs bfloat16 GEMMs here, and what runs them: `bf16_matmul_available()` and
 // `bf16_matmul_backend()` in detail/gemm_bf16.hpp (included by haliax.hpp), which need oneDNN's header.
 

@@ -12,9 +12,9 @@ function(haliax_add_fuzz_tests)
   set(fuzz_src ${PROJECT_SOURCE_DIR}/tests/fuzz)
   set(fuzz_bin ${PROJECT_BINARY_DIR}/tests/fuzz)
   option(HALIAX_FUZZ "Build the libFuzzer harnesses and fuzz each for HALIAX_FUZZ_SECONDS as a test (needs clang++ with libFuzzer)" ON)
-  # 10 s each: the seven run beside the rest of the suite, and the CI run must stay within its 25 minutes on 2 cores;
+  # 6 s each: the seven run beside the rest of the suite, and the CI run must stay within its 25 minutes on 2 cores;
   # longer runs are scripts/fuzz.sh NAME 600 or -DHALIAX_FUZZ_SECONDS=600.
-  set(HALIAX_FUZZ_SECONDS 8 CACHE STRING "Seconds each fuzz test runs its harness")
+  set(HALIAX_FUZZ_SECONDS 6 CACHE STRING "Seconds each fuzz test runs its harness")
   # -O0: the seven harnesses' sources compile about 2.5x faster than at scripts/fuzz.sh's -O1 (some 250 CPU-seconds of
   # the CI run), and a fuzz test of seconds needs coverage of the seeds more than speed.
   set(HALIAX_FUZZ_OPT "-O0" CACHE STRING "Optimisation level of the fuzz harnesses the build makes (scripts/fuzz.sh FUZZ_OPT)")

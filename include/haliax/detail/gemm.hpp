@@ -19,7 +19,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "../bf16.hpp"
 #include "../precision.hpp"
@@ -58,13 +60,75 @@ inline gemm_tiling make_gemm_tiling(std::int64_t batch, std::int64_t m, std::int
   return t;
 }
 
+/// Rows per BLAS call under independent_rows_scope (haliax/precision.hpp). Four rows cost a decode step about what
+/// one does (the weights' reading dominates), and a batch of them reuses each block of weights from cache.
+inline constexpr std::int64_t independent_row_tile = 4;
+
 #if defined(HALIAX_HAVE_HOST_BLAS)
+template <class T>
+void blas_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda,
+               const T* b, std::int64_t ldb, T* c, std::int64_t ldc) {
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+}
+
+/// host_gemm_batched under independent_rows_scope: every call has independent_row_tile rows of A (row-major, a
+/// zero-padded copy for the last tile of a problem and wherever A is transposed) and a block of columns whose width
+/// depends on n and k only: at most 512 KiB of B (a multiple of 64 columns, at least 64), so that the row tiles after
+/// the first read it from cache. One task per (problem, column block) runs its row tiles in order.
+template <class T>
+void host_gemm_batched_row_tiles(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                                 std::int64_t k, const T* A, const T* B, T* C) {
+  constexpr std::int64_t R = independent_row_tile;
+  const std::int64_t fit = (std::int64_t{1} << 19) / (static_cast<std::int64_t>(sizeof(T)) * k) / 64 * 64;
+  gemm_tiling tl{R, n < fit ? n : (fit < 64 ? 64 : fit), 0, 0};
+  tl.col_blocks = (n + tl.col_block - 1) / tl.col_block;
+  const std::int64_t ldb = trans_b ? k : n;
+  auto task = [=](std::int64_t t) {
+    const std::int64_t b = t / tl.col_blocks, c0 = (t % tl.col_blocks) * tl.col_block;
+    const std::int64_t cols = n - c0 < tl.col_block ? n - c0 : tl.col_block;
+    const T* a_all = A + b * m * k;
+    const T* bb = B + b * k * n + (trans_b ? c0 * k : c0);
+    T* c_all = C + b * m * n + c0;
+    std::vector<T> a_pad, c_pad;
+    for (std::int64_t r0 = 0; r0 < m; r0 += R) {
+      const std::int64_t rows = m - r0 < R ? m - r0 : R;
+      if (rows == R && !trans_a) {
+        blas_gemm<T>(false, trans_b, R, cols, k, a_all + r0 * k, k, bb, ldb, c_all + r0 * n, n);
+        continue;
+      }
+      a_pad.assign(static_cast<std::size_t>(R * k), T(0));
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < k; ++j)
+          a_pad[static_cast<std::size_t>(i * k + j)] = trans_a ? a_all[j * m + r0 + i] : a_all[(r0 + i) * k + j];
+      c_pad.resize(static_cast<std::size_t>(R * cols));
+      blas_gemm<T>(false, trans_b, R, cols, k, a_pad.data(), k, bb, ldb, c_pad.data(), cols);
+      for (std::int64_t i = 0; i < rows; ++i)
+        std::copy_n(c_pad.data() + i * cols, cols, c_all + (r0 + i) * n);
+    }
+  };
+  const std::int64_t tasks = batch * tl.col_blocks;
+  if (static_cast<double>(batch) * m * n * k < 4.0e6) {
+    for (std::int64_t t = 0; t < tasks; ++t) task(t);
+  } else {
+    thread_pool::instance().run(tasks, task);
+  }
+}
+
 /// Host GEMM for float/double over `batch` independent problems, parallel over tiles on the haliax thread
 /// pool, each a single-threaded cblas call.
 template <class T>
 void host_gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
                        const T* A, const T* B, T* C) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  if (independent_rows()) {
+    host_gemm_batched_row_tiles(trans_a, trans_b, batch, m, n, k, A, B, C);
+    return;
+  }
   const gemm_tiling tl = make_gemm_tiling(batch, m, n);
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <haliax/ops/indexing.hpp>
+#include <haliax/precision.hpp>
 #include <levanter/models/lm.hpp>
 
 namespace levanter {
@@ -57,7 +58,8 @@ bool ends_generation(std::span<const std::int32_t> tokens, const sampling_option
 /// row-major) through a model that appends them to `cache` (the next positions after `cache.length`, every row at
 /// the same length): rows x vocabulary floats. make_logits_fn makes one for a model; decoder and the server call it.
 /// A row's logits do not depend on the other rows (each row's attention reads its own keys; the GEMMs compute each
-/// row alone), so a sequence generates the same tokens alone or batched with others (tests/test_serve.cpp).
+/// row as they would alone: make_logits_fn runs under haliax::independent_rows_scope), so a sequence generates the
+/// same tokens alone or batched with others, bit for bit (tests/test_generate.cpp, tests/test_serve.cpp).
 using logits_fn =
     std::function<std::vector<float>(kv_cache& cache, std::span<const std::int32_t> ids, std::int64_t rows)>;
 
@@ -107,6 +109,7 @@ template <LmModel M>
 logits_fn make_logits_fn(const M& model, const typename M::config_type& cfg) {
   return [&model, &cfg](kv_cache& cache, std::span<const std::int32_t> ids, std::int64_t rows) {
     namespace hx = haliax;
+    hx::independent_rows_scope alone;  // each row's products as in a forward pass of that row alone
     forward_options o;
     o.cache = &cache;
     const auto n = static_cast<std::int64_t>(ids.size()) / rows;

@@ -6,10 +6,10 @@
 // Requests are tokenized and queued; one engine thread runs every admitted sequence a token per round (`decoder`,
 // levanter/inference/generate.hpp) and admits queued requests between rounds while it has room for their `n`
 // sequences (at most `service.max_seqs` at once): a long generation does not hold back a short one, and every
-// stream moves. Each sequence has its own cache and seed and runs its forward passes alone, so its tokens are those of
-// generate() whatever else runs (tests/test_serve.cpp). With `batch_decode`, sequences admitted in the same round
-// with prompts of equal length share one batched forward pass per round over one cache: more tokens per second,
-// without that guarantee (server_options::batch_decode says why).
+// stream moves. Sequences admitted in the same round with prompts of equal length share one batched forward pass per
+// round over one cache (`batch_decode`, on by default); each has its own seed, and a row's logits do not depend on
+// the rows beside it (make_logits_fn), so its tokens are those of generate() alone whatever else runs
+// (tests/test_serve.cpp, tests/test_generate.cpp).
 // The HTTP side is cpp-httplib (Debian's libcpp-httplib-dev): a thread per connection, with the request-size limit,
 // keep-alive and chunked responses the streams need, in one header and a small library; Boost.Beast would mean
 // writing the connection handling ourselves for the same result.
@@ -61,10 +61,10 @@ struct server_options {
   std::int64_t max_queued_requests = 256;  ///< waiting requests beyond this are answered 429
   std::int64_t threads = 64;               ///< connections served at once
   /// Run sequences admitted together with prompts of equal length as one batch (one forward pass per round for the
-  /// group). Faster (GPT-2 124M, 2 cores: 16 rows in 91 ms against 51 ms for one), but not bit-reproducible: the
-  /// host GEMMs (OpenBLAS's small-matrix kernels) round a row differently with other rows beside it, so a sampled
-  /// text can depend on what else ran. Off: every sequence runs alone, as generate() runs it.
-  bool batch_decode = false;
+  /// group): the weights are read once for the group (GPT-2 124M, 2 cores: 16 rows in about 90 ms against 53 ms for
+  /// one). The same tokens either way: each row's products are computed as they would be alone
+  /// (haliax::independent_rows_scope). Off: one forward pass per sequence.
+  bool batch_decode = true;
   std::function<void(int port)> on_listening;  ///< called once the port is bound (tests start clients there)
 };
 

