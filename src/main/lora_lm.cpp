@@ -230,28 +230,8 @@ train_result train_lora(const lora_lm_plan& plan, const std::string& resolved_ya
     return detail::training_batch(data, first, count, seq_len, eos, ignore);
   }, data.train_length());
 
-  json summary = {{"run_id", run.id()},
-                  {"steps", res.steps},
-                  {"parameters", all},
-                  {"trainable_parameters", trainable},
-                  {"first_loss", res.first_loss},
-                  {"final_loss", res.final_loss},
-                  {"total_tokens", res.tokens},
-                  {"seconds", res.seconds},
-                  {"tokens_per_second", res.seconds > 0 ? double(res.tokens) / res.seconds : 0.0},
-                  {"threads", haliax::num_threads()},
-                  {"ranks", trainer.comm().size()}};
-  if (eval_loss) summary["eval_loss"] = *eval_loss;
-  if (res.start_step > 0) summary["start_step"] = res.start_step;
-  if (res.resumed_from) summary["resumed_from"] = *res.resumed_from;
-  if (res.last_checkpoint) summary["checkpoint"] = *res.last_checkpoint;
-  run.tracker().log_summary(summary);
-  run.tracker().finish();
-  if (run.writer()) io::write_file_atomic(run.dir() / "summary.json", summary.dump(2) + "\n");
-  log("done, " + std::to_string(res.steps) + " steps in " + human_duration(res.seconds) + ", loss " +
-      std::to_string(res.first_loss) + " -> " + std::to_string(res.final_loss) + "; summary in " +
-      (run.dir() / "summary.json").string());
-  res.eval_loss = eval_loss;
+  res.parameters = all;
+  write_run_summary(run, res, eval_loss, trainer.comm().size(), json{{"trainable_parameters", trainable}});
   return res;
 }
 

@@ -210,6 +210,33 @@ std::string describe_run(std::string_view model_type, std::int64_t parameters, s
          std::to_string(data.validation_sets().size()) + " validation set(s)";
 }
 
+void write_run_summary(run_context& run, train_result& res, std::optional<double> eval_loss, int ranks,
+                       const json& extra) {
+  json summary = {{"run_id", run.id()},
+                  {"steps", res.steps},
+                  {"parameters", res.parameters},
+                  {"first_loss", res.first_loss},
+                  {"final_loss", res.final_loss},
+                  {"total_tokens", res.tokens},
+                  {"seconds", res.seconds},
+                  {"tokens_per_second", res.seconds > 0 ? double(res.tokens) / res.seconds : 0.0},
+                  {"openblas_core", openblas_core()},
+                  {"threads", haliax::num_threads()},
+                  {"ranks", ranks}};
+  for (const auto& el : extra.items()) summary[el.key()] = el.value();
+  if (eval_loss) summary["eval_loss"] = *eval_loss;
+  if (res.start_step > 0) summary["start_step"] = res.start_step;
+  if (res.resumed_from) summary["resumed_from"] = *res.resumed_from;
+  if (res.last_checkpoint) summary["checkpoint"] = *res.last_checkpoint;
+  run.tracker().log_summary(summary);
+  run.tracker().finish();
+  if (run.writer()) io::write_file_atomic(run.dir() / "summary.json", summary.dump(2) + "\n");
+  run.logger()("done, " + std::to_string(res.steps) + " steps in " + human_duration(res.seconds) + ", loss " +
+               std::to_string(res.first_loss) + " -> " + std::to_string(res.final_loss) + "; summary in " +
+               (run.dir() / "summary.json").string());
+  res.eval_loss = eval_loss;
+}
+
 }  // namespace detail
 
 int train_lm_main(int argc, char** argv, const char* default_yaml, const char* default_name) {

@@ -311,32 +311,15 @@ void add_train_lm_hooks(train_lm_run<M>& r, const std::vector<hook<M>>& hooks) {
   for (const auto& h : hooks) trainer.add_hook(h);
 }
 
-/// The end of a run: summary.json, the trackers' summary, the closing line.
+/// The end of a run (train_lm's and lora_lm's): summary.json with `extra` keys added, the trackers' summary, the
+/// closing line; sets res.eval_loss. Defined in src/main/train_lm.cpp.
+void write_run_summary(run_context& run, train_result& res, std::optional<double> eval_loss, int ranks,
+                       const json& extra = json::object());
+
+/// The end of a train_lm run.
 template <LmModel M>
 void write_summary(train_lm_run<M>& r, train_result& res) {
-  auto& run = *r.run;
-  json summary = {{"run_id", run.id()},
-                  {"steps", res.steps},
-                  {"parameters", res.parameters},
-                  {"first_loss", res.first_loss},
-                  {"final_loss", res.final_loss},
-                  {"total_tokens", res.tokens},
-                  {"seconds", res.seconds},
-                  {"tokens_per_second", res.seconds > 0 ? double(res.tokens) / res.seconds : 0.0},
-                  {"openblas_core", openblas_core()},
-                  {"threads", haliax::num_threads()},
-                  {"ranks", r.trainer->comm().size()}};
-  if (r.eval_loss) summary["eval_loss"] = *r.eval_loss;
-  if (res.start_step > 0) summary["start_step"] = res.start_step;
-  if (res.resumed_from) summary["resumed_from"] = *res.resumed_from;
-  if (res.last_checkpoint) summary["checkpoint"] = *res.last_checkpoint;
-  run.tracker().log_summary(summary);
-  run.tracker().finish();
-  if (run.writer()) io::write_file_atomic(run.dir() / "summary.json", summary.dump(2) + "\n");
-  r.log("done, " + std::to_string(res.steps) + " steps in " + human_duration(res.seconds) + ", loss " +
-        std::to_string(res.first_loss) + " -> " + std::to_string(res.final_loss) + "; summary in " +
-        (run.dir() / "summary.json").string());
-  res.eval_loss = r.eval_loss;
+  write_run_summary(*r.run, res, r.eval_loss, r.trainer->comm().size());
 }
 
 }  // namespace detail
