@@ -390,9 +390,11 @@ TEST_CASE("checkpoint: a changed byte anywhere in a checkpoint's files is detect
   for (const auto& [name, size] : info.metadata["files"].items()) {
     const auto path = newest / name;
     const std::string original = slurp(path);
-    // Every offset of small files; every 7th and the last of the larger ones.
+    // Every offset of the first 256 bytes (headers), then every 61st, and the last byte: a CRC-32 detects any one
+    // changed byte, so denser strides only rewrite files (every byte of files under 4 KiB and every 7th of the others
+    // took 35 s, nearly all of it in the kernel).
     std::vector<std::size_t> offsets;
-    for (std::size_t at = 0; at < original.size(); at += original.size() < 4096 ? 1 : 7) offsets.push_back(at);
+    for (std::size_t at = 0; at < original.size(); at += at < 256 ? 1 : 61) offsets.push_back(at);
     offsets.push_back(original.size() - 1);
     for (const auto at : offsets) {
       std::string damaged = original;
@@ -408,7 +410,7 @@ TEST_CASE("checkpoint: a changed byte anywhere in a checkpoint's files is detect
     }
     std::ofstream(path, std::ios::binary | std::ios::trunc) << original;
   }
-  CHECK(flipped > 1000);
+  CHECK(flipped > 500);
   CHECK(detected == flipped);
   CHECK_NOTHROW(ck::verify_files(info));
 

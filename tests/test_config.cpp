@@ -763,7 +763,9 @@ TEST_CASE("include: only regular files of at most 16 MiB, and the including file
     std::ofstream(d.path / "huge.yaml") << "a: b\n";
     fs::resize_file(d.path / "huge.yaml", (std::uintmax_t(16) << 20) + 1);  // sparse
   }
-  for (const auto& [target, expected] : cases) {
+  for (const auto& c : cases) {
+    const std::string& target = c.first;  // not a structured binding: CHECK_MESSAGE's lambda captures it (clang < 16)
+    const std::string& expected = c.second;
     std::string f = d.write("main.yaml", "trainer:\n  seed: 1\ndata: !include " + target + "\n");
     std::string e = parse_error({f});
     CHECK_MESSAGE(contains(e, expected), target << " -> " << e);

@@ -147,7 +147,8 @@ TEST_CASE("slice keeps the axis, clamps the start like lax.dynamic_slice") {
            {0, 12, 0}, {3, 4, 3}, {10, 4, 8}, {-5, 3, 0}, {11, 0, 11}, {0, 1, 0}}) {
     auto s = hax::slice(x, Pos, start, len);
     CHECK(s.size(Pos) == len);
-    check_against(s, [&](const index_map& m) { return hx.at(with(m, "position", eff + m.at("position"))); });
+    // eff = eff: clang before 16 cannot capture a structured binding
+    check_against(s, [&, eff = eff](const index_map& m) { return hx.at(with(m, "position", eff + m.at("position"))); });
   }
   CHECK_THROWS_WITH_AS(hax::slice(x, Pos, 0, 13),
                        doctest::Contains("length 13 does not fit axis 'position' of size 12 in "
@@ -273,7 +274,7 @@ TEST_CASE("updated_slice along one axis, clamping the start like dynamic_update_
   for (auto [start, eff] : std::vector<std::array<std::int64_t, 2>>{{0, 0}, {4, 4}, {7, 7}, {9, 7}, {-2, 0}}) {
     auto r = hax::updated_slice(x, Pos, start, u);
     static_assert(std::is_same_v<decltype(r), decltype(x)>);
-    check_against(r, [&](const index_map& m) {
+    check_against(r, [&, eff = eff](const index_map& m) {  // eff = eff: clang before 16 cannot capture a binding
       auto p = m.at("position");
       return (p >= eff && p < eff + 3) ? hu.at(with(m, "position", p - eff)) : hx.at(m);
     });

@@ -117,7 +117,8 @@ std::map<std::string, std::vector<float>> by_hf_name(const LMHeadModel& m) {
 void check_gradient_by_finite_differences(const LMHeadModel& model, const LlamaConfig& cfg,
                                           const levanter::lm_example& ex, double h = 1e-2) {
   auto loss_of = [&](const LMHeadModel& p) { return levanter::compute_next_token_loss(p, cfg, ex); };
-  auto [loss, grads] = hax::value_and_grad(loss_of)(model);
+  auto loss_grads = hax::value_and_grad(loss_of)(model);  // not a structured binding: clang before 16 cannot capture one
+  auto& grads = std::get<1>(loss_grads);
   double gnorm2 = 0;
   hax::tree::for_each_leaf(grads, [&](const std::string&, const auto& g) {
     for (float x : g.to_host()) gnorm2 += double(x) * x;
@@ -175,7 +176,10 @@ TEST_CASE("llama family: Hugging Face import reproduces transformers' logits for
 TEST_CASE("llama family: the next-token loss and its gradients equal torch's and upstream Levanter's") {
   for (const char* name : cases) {
     CAPTURE(name);
-    auto [cfg, model, vocab] = import_case(name);
+    auto ic = import_case(name);  // not a structured binding: clang before 16 cannot capture one
+    auto& cfg = ic.cfg;
+    auto& model = ic.model;
+    const auto vocab = ic.vocab;
     h5golden::file f(golden + "/" + std::string(name) + "_golden.h5");
     auto b = golden_batch(f);
     cfg.lbl_coef.reset();  // Mixtral: torch's loss is the cross-entropy alone (the auxiliary losses: below)
@@ -186,7 +190,9 @@ TEST_CASE("llama family: the next-token loss and its gradients equal torch's and
     const auto ours = by_hf_name(grads);
     const bool lev = f.has("levanter_grads") && f.attr("levanter_matches_torch") == 1.0;
     int compared = 0;
-    for (const auto& [hf, g] : ours) {
+    for (const auto& hf_g : ours) {
+      const auto& hf = hf_g.first;  // not a structured binding: clang before 16 cannot capture one
+      const auto& g = hf_g.second;
       CAPTURE(hf);
       const auto want = f.floats("grads/" + hf);
       CHECK(max_abs_diff(g, want) <= 1e-4 * std::max(1e-3, max_abs(want)));
@@ -251,9 +257,10 @@ TEST_CASE("llama family: Hugging Face export then import is bitwise, config.json
     levanter::hf::load(d, back, cfg2);
     const auto a = by_hf_name(model), b = by_hf_name(back);
     REQUIRE(a.size() == b.size());
-    for (const auto& [k, v] : a) {
+    for (const auto& kv : a) {
+      const auto& k = kv.first;  // not a structured binding: clang before 16 cannot capture one
       CAPTURE(k);
-      CHECK(v == b.at(k));
+      CHECK(kv.second == b.at(k));
     }
     fs::remove_all(dir);
 
@@ -552,7 +559,9 @@ TEST_CASE("olmo2: post-norm layers and whole-projection QK norms, defaults, coun
 TEST_CASE("mixtral: routing, auxiliary losses and gradients equal the goldens (top-1 and top-2)") {
   for (const char* name : {"mixtral_top2", "mixtral_top1"}) {
     CAPTURE(name);
-    auto [cfg, model, vocab] = import_case(name);
+    auto ic = import_case(name);  // not a structured binding: clang before 16 cannot capture one
+    auto& cfg = ic.cfg;
+    auto& model = ic.model;
     CHECK(cfg.family == &levanter::llama_family::mixtral);
     h5golden::file f(golden + "/" + std::string(name) + "_golden.h5");
     const int K = static_cast<int>(f.attr("num_experts_per_tok"));
@@ -607,7 +616,9 @@ TEST_CASE("mixtral: routing, auxiliary losses and gradients equal the goldens (t
     // upstream Levanter (gen_levanter_llama_grads.py) computes the same function: routing, both losses, gradients
     REQUIRE(f.attr("levanter_mixtral_matches_torch") == 1.0);
     CHECK(loss.item() == doctest::Approx(f.floats("levanter_loss_with_aux")[0]).epsilon(1e-5));
-    for (const auto& [hf, g] : by_hf_name(grads)) {
+    for (const auto& hf_g : by_hf_name(grads)) {
+      const auto& hf = hf_g.first;  // not a structured binding: clang before 16 cannot capture one
+      const auto& g = hf_g.second;
       CAPTURE(hf);
       const auto want = f.floats("grads_with_aux/" + hf);
       CHECK(max_abs_diff(g, want) <= 1e-4 * std::max(1e-3, max_abs(want)));
@@ -736,7 +747,9 @@ TEST_CASE("layers::attention with learned sinks equals upstream Levanter's attn_
   };
   const golden_case gcases[] = {{"causal", {}}, {"window_softcap", {.scale = 0.4, .logits_soft_cap = 1.5, .sliding_window = 3}}};
   const auto segments = hax::zeros<std::int32_t>(B * Batch, P * Pos);
-  for (const auto& [name, spec] : gcases) {
+  for (const auto& gc : gcases) {
+    const char* name = gc.name;  // not a structured binding: clang before 16 cannot capture one
+    const auto& spec = gc.spec;
     CAPTURE(name);
     const std::string g = std::string(name) + "/";
     const auto q = hax::from_host(f.floats(g + "q"), B * Batch, P * Pos, KV * KVHeads, G * QHeadsPerGroup, D * HeadSize);

@@ -608,7 +608,7 @@ TEST_CASE("blockwise_cross_entropy_loss: a repeated step allocates nothing (scra
   const auto second = step();
   const auto n = c.stop();
   CHECK(n.allocations == 0);
-  for (const auto& [label, count] : n.allocation_labels) CHECK_MESSAGE(count == 0, label);
+  for (const auto& lc : n.allocation_labels) CHECK_MESSAGE(lc.second == 0, lc.first);  // not a binding: clang < 16
   CHECK(std::get<0>(first) == std::get<0>(second));  // and bitwise the same results
   CHECK(std::get<1>(first) == std::get<1>(second));
   CHECK(std::get<2>(first) == std::get<2>(second));

@@ -127,7 +127,10 @@ TEST_CASE("deeply nested Sequences and JSON are refused with a clear error inste
       {"normalizer", "normalizers", replace},
       {"decoder", "decoders", fuse},
       {"post_processor", "processors", bytelevel}};
-  for (const auto& [pipeline, key, leaf] : pipelines) {
+  for (const auto& pkl : pipelines) {
+    const char* pipeline = std::get<0>(pkl);  // not a structured binding: clang before 16 cannot capture one
+    const char* key = std::get<1>(pkl);
+    const auto& leaf = std::get<2>(pkl);
     CAPTURE(std::string(pipeline));
     // 5000 levels are 10000 JSON levels: refused before parsing
     const auto msg = load_error(nested(pipeline, leaf, key, 5000));

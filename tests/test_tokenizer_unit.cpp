@@ -84,7 +84,9 @@ TEST_CASE("split scanners match the regex engine piece by piece for the GPT-2, L
   const auto& texts = g.at("split_texts");
   const std::pair<const char*, tk::pattern_kind> kinds[] = {
       {"gpt2", tk::pattern_kind::gpt2}, {"llama3", tk::pattern_kind::llama3}, {"qwen2", tk::pattern_kind::qwen2}};
-  for (const auto& [name, kind] : kinds) {
+  for (const auto& nk : kinds) {
+    const char* name = nk.first;  // not a structured binding: clang before 16 cannot capture one
+    const auto kind = nk.second;
     const auto& expected = g.at("splits").at(name);
     REQUIRE(expected.size() == texts.size());
     int bad = 0;

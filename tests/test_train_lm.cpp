@@ -447,7 +447,9 @@ TEST_CASE("train_lm: watch norms and histograms, loading and hook times, run met
     }
   }
   REQUIRE(by_step.size() == 11);
-  for (const auto& [step, m] : by_step) {
+  for (const auto& sm : by_step) {
+    const auto step = sm.first;  // not a structured binding: clang before 16 cannot capture one
+    const auto& m = sm.second;
     CHECK(m.contains("throughput/loading_time"));
     CHECK(m.contains("throughput/hook_time"));
     CHECK(m["throughput/loading_time"].get<double>() >= 0);
@@ -885,7 +887,9 @@ TEST_CASE("train_lm: the upstream oracle's YAML gives upstream Levanter's per-st
   }
   REQUIRE(train.size() == up["train_loss"].size());
   double worst = 0;
-  for (const auto& [step, want] : up["train_loss"].items()) {
+  for (const auto& item : up["train_loss"].items()) {
+    const std::string step = item.key();  // not a structured binding: clang before 16 cannot capture one
+    const auto& want = item.value();
     const double got = train.at(std::stoll(step));
     worst = std::max(worst, std::abs(got - want.get<double>()));
     CHECK_MESSAGE(std::abs(got - want.get<double>()) <= 2e-6, "train/loss at step " << step << ": ours " << got

@@ -154,7 +154,9 @@ TEST_CASE("GPT-2 style: every document is EOS, encode(space + text + space), EOS
 
 TEST_CASE("upstream's long-text workaround: pieces at white space after 10,000 characters, each with the template") {
   const auto golden = read_json(golden_dir / "tokenizers" / "long_text.json");
-  for (const auto& [name, info] : golden.at("tokenizers").items()) {
+  for (const auto& item : golden.at("tokenizers").items()) {
+    const std::string name = item.key();  // not a structured binding: clang before 16 cannot capture one
+    const auto& info = item.value();
     INFO("tokenizer " << name);
     const auto tok = ld::tokenizer::from_file((golden_dir / "tokenizers" / name).string());
     CHECK(tok.splits_long_texts() == info.at("splits_long_texts").get<bool>());

@@ -84,10 +84,15 @@ struct block {
   }
 };
 
+/// `block` of floats with one template parameter, as nn::Stacked takes it (clang before 19 does not match a template
+/// with a defaulted second parameter to a template template parameter of one without -frelaxed-template-template-args).
+template <class Pre>
+using float_block = block<Pre, float>;
+
 /// The whole model (float): token embedding, learned positions, stacked blocks, final norm, tied output head.
 struct model {
   using T = float;
-  using blocks_t = nn::Stacked<Layers, block>;
+  using blocks_t = nn::Stacked<Layers, float_block>;
   BOOST_HANA_DEFINE_STRUCT(model, (nn::Embedding<Vocab, Embed>, wte), (named_array<T, axes<Pos, Embed>>, wpe),
                            (blocks_t, h), (nn::LayerNorm<Embed>, ln_f));
 

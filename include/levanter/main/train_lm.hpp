@@ -65,7 +65,8 @@ namespace detail {
 template <LmModel M>
 void reinit_token_rows(M& model, const std::vector<std::int32_t>& ids, haliax::random::key key, bool embeddings,
                        bool lm_head) {
-  const auto [emb_key, head_key] = haliax::random::split(key);
+  const auto keys = haliax::random::split(key);  // not a structured binding: clang before 16 cannot capture one
+  const auto emb_key = keys.first, head_key = keys.second;
   const std::int64_t vocab = model.vocab_size();
   haliax::tree::for_each_leaf(model, [&](const std::string& name, auto& leaf) {
     const bool is_emb = name == "embeddings.token_embeddings.weight", is_head = name == "lm_head.weight";
