@@ -382,6 +382,37 @@ bool replace_all(std::string_view s, std::string_view pat, std::string_view cont
   return put(s.substr(pos));
 }
 
+/// replace_all with alignments: `al` holds one entry per byte of `s` (the end, in the original text, of the character
+/// the byte comes from); `out_al` gets one per byte of `out`. Content replacing a match takes the match's last
+/// character's entry (the replaced character's, for the one-character patterns of real tokenizers); content an empty
+/// pattern inserts takes the next character's (the last one's at the end).
+bool replace_all_aligned(std::string_view s, const std::vector<std::int64_t>& al, std::string_view pat,
+                         std::string_view content, std::string& out, std::vector<std::int64_t>& out_al,
+                         std::size_t cap) {
+  out.clear();
+  out_al.clear();
+  auto put = [&](std::string_view x, const std::int64_t* a, std::int64_t same) {
+    if (out.size() + x.size() > cap) return false;
+    out.append(x);
+    for (std::size_t i = 0; i < x.size(); ++i) out_al.push_back(a ? a[i] : same);
+    return true;
+  };
+  if (s.empty()) return true;
+  if (pat.empty()) {
+    std::size_t len = 0;
+    for (std::size_t i = 0; i < s.size(); i += len) {
+      next_cp(s.data(), s.size(), i, len);
+      if (!put(content, nullptr, al[i]) || !put(s.substr(i, len), al.data() + i, 0)) return false;
+    }
+    return put(content, nullptr, al.back());
+  }
+  std::size_t pos = 0;
+  for (std::size_t f; (f = s.find(pat, pos)) != std::string_view::npos; pos = f + pat.size())
+    if (!put(s.substr(pos, f - pos), al.data() + pos, 0) || !put(content, nullptr, al[f + pat.size() - 1]))
+      return false;
+  return put(s.substr(pos), al.data() + pos, 0);
+}
+
 struct normalizer_step {
   enum kind_t { prepend, replace } kind;
   std::string a, b;  // prepend: a; replace: a -> b
@@ -602,18 +633,24 @@ struct impl {
   }
 
   /// The normalizers applied to `s`. `budget`: bytes the normalized texts of one call may still take; the result
-  /// takes its share, and a step that would pass it throws (no text can make memory grow without bound).
-  std::string normalize(std::string_view s, std::size_t& budget) const {
+  /// takes its share, and a step that would pass it throws (no text can make memory grow without bound). With `al`
+  /// (one entry per byte of `s`, as replace_all_aligned's), the alignments are carried to the result's bytes: a
+  /// prefix takes the first character's entry.
+  std::string normalize(std::string_view s, std::size_t& budget, std::vector<std::int64_t>* al = nullptr) const {
     std::string out(s), r;
+    std::vector<std::int64_t> ra;
     for (std::size_t k = 0; k < normalizers.size(); ++k) {
       const auto& st = normalizers[k];
       if (st.kind == normalizer_step::prepend) {
         if (out.empty()) continue;
         if (out.size() + st.a.size() > budget) too_long("normalizer", k, s);
         out.insert(0, st.a);
+        if (al) al->insert(al->begin(), st.a.size(), al->front());
       } else {
-        if (!replace_all(out, st.a, st.b, r, budget)) too_long("normalizer", k, s);
+        if (!(al ? replace_all_aligned(out, *al, st.a, st.b, r, ra, budget) : replace_all(out, st.a, st.b, r, budget)))
+          too_long("normalizer", k, s);
         out.swap(r);
+        if (al) al->swap(ra);
       }
     }
     budget -= std::min(budget, out.size());
@@ -687,14 +724,19 @@ struct impl {
     if (start_offset < s.size()) f(s.substr(start_offset), -1, start_offset);
   }
 
-  /// Applies pre-tokenizer steps k.. to a piece; `at_start`: the piece begins the original text.
+  /// Applies pre-tokenizer steps k.. to a piece; `at_start`: the piece begins the original text. Calls
+  /// emit(piece, al) for each piece the model takes. `al`, when not null, holds each byte's alignment (the end, in
+  /// the original text, of the character it comes from, as `tokenizers`' NormalizedString aligns it: an inserted
+  /// prefix takes the first character's, a replacement the replaced character's) and is carried to the pieces.
   template <class F>
-  void pretokenize(std::size_t k, std::string_view piece, bool at_start, F&& emit) const {
+  void pretokenize(std::size_t k, std::string_view piece, bool at_start, F&& emit,
+                   const std::int64_t* al = nullptr) const {
     if (piece.empty()) return;
     if (k == pretoks.size()) {
-      emit(piece);
+      emit(piece, al);
       return;
     }
+    std::vector<std::int64_t> al2;  // the alignment of a piece this step rewrites
     const auto& st = pretoks[k];
     switch (st.kind) {
       case pretok_step::byte_level: {
@@ -703,15 +745,20 @@ struct impl {
           buf.reserve(piece.size() + 1);
           buf.push_back(' ');
           buf.append(piece);
+          if (al) {
+            al2.assign(1, al[0]);
+            al2.insert(al2.end(), al, al + piece.size());
+            al = al2.data();
+          }
           piece = buf;
         }
         if (!st.use_regex) {
-          pretokenize(k + 1, piece, at_start, emit);
+          pretokenize(k + 1, piece, at_start, emit, al);
           return;
         }
         for (std::size_t i = 0; i < piece.size();) {
           const std::size_t j = match_gpt2(piece.data(), piece.size(), i);
-          pretokenize(k + 1, piece.substr(i, j - i), at_start && i == 0, emit);
+          pretokenize(k + 1, piece.substr(i, j - i), at_start && i == 0, emit, al ? al + i : nullptr);
           i = j;
         }
         return;
@@ -719,19 +766,24 @@ struct impl {
       case pretok_step::metaspace: {
         std::string buf;
         buf.reserve(piece.size() + 3);
-        for (char c : piece) {
+        for (std::size_t i = 0; i < piece.size(); ++i) {
+          const char c = piece[i];
           if (c == ' ')
             buf += st.replacement;
           else
             buf.push_back(c);
+          if (al) al2.insert(al2.end(), c == ' ' ? st.replacement.size() : 1, al[i]);
         }
         const bool starts = buf.compare(0, st.replacement.size(), st.replacement) == 0;
         if (!starts &&
-            (st.prepend_scheme == pretok_step::always || (st.prepend_scheme == pretok_step::first && at_start)))
+            (st.prepend_scheme == pretok_step::always || (st.prepend_scheme == pretok_step::first && at_start))) {
           buf.insert(0, st.replacement);
+          if (al) al2.insert(al2.begin(), st.replacement.size(), al2.front());
+        }
         std::string_view v = buf;
+        const std::int64_t* va = al ? al2.data() : nullptr;
         if (!st.split) {
-          pretokenize(k + 1, v, at_start, emit);
+          pretokenize(k + 1, v, at_start, emit, va);
           return;
         }
         // MergedWithNext: every replacement character starts a new piece
@@ -739,10 +791,10 @@ struct impl {
         for (std::size_t f = v.find(st.replacement, 1); f != std::string_view::npos;
              f = v.find(st.replacement, f + st.replacement.size())) {
           if (f == 0) continue;
-          pretokenize(k + 1, v.substr(from, f - from), at_start && from == 0, emit);
+          pretokenize(k + 1, v.substr(from, f - from), at_start && from == 0, emit, va ? va + from : nullptr);
           from = f;
         }
-        pretokenize(k + 1, v.substr(from), at_start && from == 0, emit);
+        pretokenize(k + 1, v.substr(from), at_start && from == 0, emit, va ? va + from : nullptr);
         return;
       }
       case pretok_step::split_regex:
@@ -792,7 +844,7 @@ struct impl {
         }
         if (prev < piece.size()) out.emplace_back(prev, piece.size());
         for (auto [b, e] : out)
-          if (e > b) pretokenize(k + 1, piece.substr(b, e - b), at_start && b == 0, emit);
+          if (e > b) pretokenize(k + 1, piece.substr(b, e - b), at_start && b == 0, emit, al ? al + b : nullptr);
         return;
       }
     }
@@ -946,7 +998,7 @@ struct impl {
     if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
     auto& cache = cache_in ? *cache_in : thread_cache(instance);
     std::size_t budget = growth_cap(text.size());
-    auto model = [&](std::string_view piece) { tokenize_piece(piece, out, cache); };
+    auto model = [&](std::string_view piece, const std::int64_t*) { tokenize_piece(piece, out, cache); };
     split_added(text, raw_trie, [&](std::string_view piece, std::int32_t id, std::size_t offset) {
       if (id >= 0) {
         out.push_back(id);
@@ -1785,66 +1837,92 @@ const std::vector<std::pair<std::string, std::string>>& tokenizer::template_toke
 
 std::vector<std::int64_t> tokenizer::token_ends(std::span<const std::int32_t> ids, std::string_view text) const {
   const auto& t = *p_;
-  std::vector<std::int64_t> ends;
-  ends.reserve(ids.size());
-  std::size_t pos = 0;
-  auto fail = [&](std::size_t k, const std::string& why) -> void {
-    throw data_error("tokenizer '" + t.name + "': token " + std::to_string(k) + " (id " + std::to_string(ids[k]) +
-                     ") " + why + "; chat loss masks map the template's text to tokens byte by byte, which needs a " +
-                     "byte-level BPE tokenizer without a normalizer (Llama 3, Qwen, OLMo 2 and GPT-2 style) or the " +
-                     "built-in byte tokenizer");
-  };
   if (t.kind == detail::tok::impl::passthrough)
     throw data_error("tokenizer 'passthrough' reads ids, not text: chat data needs a text tokenizer");
-  if (t.kind == detail::tok::impl::bpe && !t.normalizers.empty())
-    throw data_error("tokenizer '" + t.name + "' has a normalizer, so its tokens do not spell the text byte by byte; " +
-                     "chat loss masks need a byte-level BPE tokenizer without one (Llama 3, Qwen, OLMo 2 and GPT-2 " +
-                     "style) or the built-in byte tokenizer");
-  std::string piece;
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    const std::int32_t id = ids[k];
-    bool added = false;
-    if (t.kind == detail::tok::impl::bytes) {
-      if (id < 0 || id > 255) fail(k, "is not a byte");
-      piece.assign(1, static_cast<char>(id));
-    } else {
-      if (id < 0 || static_cast<std::size_t>(id) >= t.id_to_token.size() || !t.has_token[id]) fail(k, "is unknown");
-      const auto& tok = t.id_to_token[id];
-      if (auto a = t.added_by_content.find(tok); a != t.added_by_content.end() && a->second == id) {
-        piece = tok;
-        added = true;
-      } else if (!t.byte_symbols) {
-        fail(k, "is not a byte-level token");
-      } else if (auto raw = detail::tok::byte_level_to_bytes(tok)) {
-        piece = std::move(*raw);
-      } else {
-        fail(k, "has no byte-level spelling");
-      }
+  std::vector<std::int64_t> ends;
+  ends.reserve(ids.size());
+  std::size_t k = 0;  // the next token to place
+  auto fail = [&](const std::string& why) -> void {
+    const std::string which = k < ids.size() ? "token " + std::to_string(k) + " (id " + std::to_string(ids[k]) + ")"
+                                             : "the end of the tokens";
+    throw data_error("tokenizer '" + t.name + "': " + which + " " + why +
+                     "; chat loss masks map the template's text to the tokens that encode it (the ids must be "
+                     "this tokenizer's encoding of the text, without added BOS/EOS)");
+  };
+  if (t.kind == detail::tok::impl::bytes) {
+    if (ids.size() != text.size()) fail("does not match the text's " + std::to_string(text.size()) + " bytes");
+    for (k = 0; k < ids.size(); ++k) {
+      if (ids[k] != static_cast<unsigned char>(text[k])) fail("is not the text's byte " + std::to_string(k));
+      ends.push_back(static_cast<std::int64_t>(k + 1));
     }
-    if (text.compare(pos, piece.size(), piece) != 0) {
-      // An added token with lstrip / rstrip took the white space around it: its span covers it.
-      std::size_t at = pos;
-      while (added && at < text.size() && std::isspace(static_cast<unsigned char>(text[at]))) ++at;
-      if (!added || text.compare(at, piece.size(), piece) != 0)
-        fail(k, "does not spell the text at byte " + std::to_string(pos));
-      pos = at;
-    }
-    pos += piece.size();
-    while (added && k + 1 < ids.size() && pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) {
-      // rstrip: white space before the next token's own bytes belongs to this one
-      const auto& next = t.kind == detail::tok::impl::bytes ? std::string() : t.id_to_token[ids[k + 1]];
-      auto raw = t.byte_symbols ? detail::tok::byte_level_to_bytes(next) : std::nullopt;
-      const std::string_view want = t.added_by_content.count(next) ? std::string_view(next)
-                                    : raw                            ? std::string_view(*raw)
-                                                                     : std::string_view();
-      if (want.empty() || text.compare(pos, want.size(), want) == 0) break;
-      ++pos;
-    }
-    ends.push_back(static_cast<std::int64_t>(pos));
+    return ends;
   }
-  if (pos != text.size())
-    throw data_error("tokenizer '" + t.name + "': the tokens spell " + std::to_string(pos) + " of the text's " +
-                     std::to_string(text.size()) + " bytes; chat loss masks need tokens that spell the text");
+  // The text is split, normalized and pre-tokenized as encode() does, each byte carrying its alignment (the end of
+  // its character in `text`); the tokens of each piece must spell it, and a token ends where its last byte's
+  // character ends (transformers' offset mapping: a prefix the normalizer adds belongs to the first character, a
+  // replacement to the character it replaced).
+  auto take_added = [&](std::int32_t id, std::int64_t end) {
+    if (k >= ids.size() || ids[k] != id) fail("is not the added token " + std::to_string(id) + " of the text");
+    ends.push_back(end);
+    ++k;
+  };
+  auto spelling = [&](std::int32_t id, std::string& out) -> bool {
+    if (id < 0 || static_cast<std::size_t>(id) >= t.id_to_token.size() || !t.has_token[id]) return false;
+    const auto& tok = t.id_to_token[id];
+    if (t.byte_symbols) {
+      auto raw = detail::tok::byte_level_to_bytes(tok);
+      if (!raw) return false;
+      out = std::move(*raw);
+      return true;
+    }
+    if (t.byte_fallback && tok.size() == 6 && tok.compare(0, 3, "<0x") == 0 && tok[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(tok[3])) && std::isxdigit(static_cast<unsigned char>(tok[4]))) {
+      out.assign(1, static_cast<char>(std::stoi(tok.substr(3, 2), nullptr, 16)));
+      return true;
+    }
+    out = tok;
+    return true;
+  };
+  std::string piece_of_token;
+  auto take_text = [&](std::string_view piece, const std::int64_t* al) {
+    for (std::size_t pos = 0; pos < piece.size();) {
+      if (k >= ids.size()) fail("is reached before the text's byte " + std::to_string(al[pos] - 1) + " is encoded");
+      if (t.unk_id && ids[k] == *t.unk_id) fail("is the unknown token, whose text cannot be placed");
+      if (!spelling(ids[k], piece_of_token)) fail("is not a token of the vocabulary");
+      if (piece_of_token.empty() || piece.compare(pos, piece_of_token.size(), piece_of_token) != 0)
+        fail("does not spell the text at byte " + std::to_string(al[pos] - 1));
+      pos += piece_of_token.size();
+      ends.push_back(al[pos - 1]);
+      ++k;
+    }
+  };
+  auto char_ends = [&](std::string_view piece, std::size_t offset) {
+    std::vector<std::int64_t> al(piece.size());
+    std::size_t len = 0;
+    for (std::size_t i = 0; i < piece.size(); i += len) {
+      detail::tok::next_cp(piece.data(), piece.size(), i, len);
+      std::fill(al.begin() + static_cast<std::ptrdiff_t>(i), al.begin() + static_cast<std::ptrdiff_t>(i + len),
+                static_cast<std::int64_t>(offset + i + len));
+    }
+    return al;
+  };
+  std::size_t budget = detail::tok::growth_cap(text.size());
+  auto emit = [&](std::string_view piece, const std::int64_t* al) { take_text(piece, al); };
+  t.split_added(text, t.raw_trie, [&](std::string_view piece, std::int32_t id, std::size_t offset) {
+    if (id >= 0) {  // an added token's span covers the white space lstrip / rstrip gave it
+      take_added(id, static_cast<std::int64_t>(offset + piece.size()));
+      return;
+    }
+    auto al = char_ends(piece, offset);
+    const std::string normed = t.normalizers.empty() ? std::string(piece) : t.normalize(piece, budget, &al);
+    t.split_added(normed, t.norm_trie, [&](std::string_view p2, std::int32_t id2, std::size_t off2) {
+      if (id2 >= 0)
+        take_added(id2, al[off2 + p2.size() - 1]);
+      else
+        t.pretokenize(0, p2, offset == 0 && off2 == 0, emit, al.data() + off2);
+    });
+  });
+  if (k != ids.size()) fail("is past the text's end: the tokens spell more than the text");
   return ends;
 }
 bool tokenizer::is_builtin() const { return p_->kind != detail::tok::impl::bpe; }
