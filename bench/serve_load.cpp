@@ -4,7 +4,10 @@
 // arrival times of its stream's pieces), and a check that no request was lost or mixed up: each client's text
 // equals generate() run alone with its prompt and seed.
 //
-//   build/bench/serve_load [clients] [max_tokens] [batch_decode: 0 or 1]
+// With `mixed` 1 the prompts have 2 to 17 tokens (client k: 2 + k % 16), so that sequences of different lengths share
+// the decoding batch; otherwise every prompt has four.
+//
+//   build/bench/serve_load [clients] [max_tokens] [batch_decode: 0 or 1] [mixed: 0 or 1]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
   const int clients = argc > 1 ? std::atoi(argv[1]) : 32;
   const int max_tokens = argc > 2 ? std::atoi(argv[2]) : 16;
   const bool batched = argc > 3 && std::atoi(argv[3]) != 0;  // server_options::batch_decode
+  const bool mixed_lengths = argc > 4 && std::atoi(argv[4]) != 0;
   // GPT-2's 50257 ids, written as numbers (the passthrough tokenizer): every token the random model draws is text.
   const auto tok = levanter::data::tokenizer::passthrough(50257);
   levanter::Gpt2Config cfg;  // GPT-2 small
@@ -75,6 +79,10 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, k] {
       auto& r = results[static_cast<std::size_t>(k)];
       r.prompt = std::to_string(464 + k) + " 3290 318 " + std::to_string(1000 + 7 * k);  // four tokens
+      if (mixed_lengths) {  // 2 + k % 16 tokens
+        r.prompt = std::to_string(464 + k);
+        for (int i = 1; i < 2 + k % 16; ++i) r.prompt += " " + std::to_string(1000 + 7 * k + 13 * i);
+      }
       httplib::Client c("127.0.0.1", port);
       c.set_read_timeout(600, 0);
       httplib::Request req;
@@ -132,7 +140,8 @@ int main(int argc, char** argv) {
     if (tok.decode(alone.tokens, true) != r.text) ++mixed;
   }
   std::printf("serve_load: GPT-2 124M (f32, random weights, passthrough tokenizer), %d clients x %d tokens, streaming, "
-              "batch_decode %s\n", clients, max_tokens, batched ? "on" : "off");
+              "batch_decode %s, prompts of %s tokens\n", clients, max_tokens, batched ? "on" : "off",
+              mixed_lengths ? "2 to 17" : "4");
   std::printf("  OpenBLAS %s, %d threads; haliax %d threads\n", openblas_get_corename(), openblas_get_num_threads(),
               hax::num_threads());
   std::printf("  wall %.2f s, %lld tokens, %.2f tokens/s\n", wall, static_cast<long long>(tokens), double(tokens) / wall);

@@ -68,7 +68,7 @@ double cache_vs_full(const imported<M>& m, const std::vector<std::int32_t>& toke
     const auto got = levanter::lm_logits(m.model, m.cfg, hax::from_host<std::int32_t>(part, 1 * Batch, len * Pos),
                                          hax::zeros<std::int32_t>(1 * Batch, len * Pos), o)
                          .to_host();
-    REQUIRE(cache.length == at + len);
+    REQUIRE(cache.length(0) == at + len);
     for (std::int64_t p = 0; p < len; ++p)
       for (std::int64_t v = 0; v < m.vocab; ++v)
         worst = std::max(worst, std::abs(static_cast<double>(got[static_cast<std::size_t>(p * m.vocab + v)]) -
@@ -125,7 +125,7 @@ TEST_CASE("kv cache: decoding gives the full forward pass's logits for every Lla
 }
 
 // Three sequences as one batch over one cache (serve_lm's groups with batch_decode): every row's logits, at the
-// prefill and at each decode step, are those of the sequence alone, and after keep_cache_rows drops the middle row
+// prefill and at each decode step, are those of the sequence alone, and after keep_rows drops the middle row
 // the others go on unchanged. Bit for bit on these tiny goldens (their products all take OpenBLAS's small-matrix
 // path, whatever the rows); larger models' rows can differ in the last bits (docs/generation.md).
 template <class M>
@@ -161,11 +161,77 @@ void batched_rows_equal_alone(const imported<M>& m, int sequences = 3) {
       std::vector<std::int64_t> keep;
       for (int r = 0; r < sequences; ++r)
         if (r != 1) keep.push_back(r);
-      levanter::keep_cache_rows(batch, keep);
+      batch.keep_rows(keep);
       live = keep;
     }
   }
-  CHECK(batch.length == P + steps);
+  REQUIRE(batch.rows.size() == static_cast<std::size_t>(sequences - 1));
+  for (std::size_t r = 0; r < batch.rows.size(); ++r) CHECK(batch.length(static_cast<std::int64_t>(r)) == P + steps);
+}
+
+// Continuous batching (serve_lm): sequences with prompts of different lengths are prefilled apart, then join one
+// cache and decode as one batch, each row at its own position; a sequence that joins later, and one that leaves, do
+// not change the others. Every row's logits at every step equal the sequence's alone, bit for bit.
+template <class M>
+void mixed_lengths_equal_alone(const imported<M>& m) {
+  const auto f = levanter::make_logits_fn(m.model, m.cfg);
+  const std::vector<std::int64_t> prompts = {5, 2, 9, 3};
+  const std::int64_t steps = std::min<std::int64_t>(6, m.cfg.seq_len - 9 - 3);  // room for the copy's 2 steps
+  REQUIRE(steps >= 4);
+  std::vector<std::vector<std::int32_t>> seqs;
+  for (std::size_t r = 0; r < prompts.size(); ++r) {
+    auto t = sequence(prompts[r] + steps + 2, m.vocab);
+    for (auto& x : t) x = static_cast<std::int32_t>((x + 5 * static_cast<std::int32_t>(r) + 1) % m.vocab);
+    seqs.push_back(t);
+  }
+  std::vector<levanter::kv_cache> alone(prompts.size());
+  std::vector<std::int64_t> at(prompts.size(), 0);  // positions each sequence has run
+  levanter::kv_cache batch;
+  std::vector<std::size_t> live;
+  auto join = [&](std::size_t r) {  // prefill r on its own cache, check it, and move it into the batch
+    levanter::kv_cache own;
+    const auto got = f(own, std::span<const std::int32_t>(seqs[r].data(), static_cast<std::size_t>(prompts[r])), 1);
+    const auto want = f(alone[r], std::span<const std::int32_t>(seqs[r].data(), static_cast<std::size_t>(prompts[r])), 1);
+    CHECK(got == want);
+    batch.splice(std::move(own));
+    CHECK(own.rows.empty());
+    at[r] = prompts[r];
+    live.push_back(r);
+  };
+  join(0);
+  join(1);
+  join(2);
+  for (std::int64_t step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    if (step == 2) join(3);  // a sequence joins the running batch
+    if (step == 3) {         // the sequence of row 1 leaves
+      const std::vector<std::int64_t> keep{0, 2, 3};
+      batch.keep_rows(keep);
+      live = {0, 2, 3};
+    }
+    std::vector<std::int32_t> ids;
+    for (const auto r : live) ids.push_back(seqs[r][static_cast<std::size_t>(at[r])]);
+    const auto got = f(batch, ids, static_cast<std::int64_t>(live.size()));
+    const auto V = got.size() / live.size();
+    for (std::size_t k = 0; k < live.size(); ++k) {
+      const auto r = live[k];
+      CAPTURE(r);
+      CHECK(batch.length(static_cast<std::int64_t>(k)) == at[r] + 1);
+      const auto want = f(alone[r], std::span<const std::int32_t>(seqs[r].data() + at[r], 1), 1);
+      CHECK(std::equal(want.begin(), want.end(), got.begin() + static_cast<std::ptrdiff_t>(k * V)));
+      ++at[r];
+    }
+  }
+  // A copy of a cache owns its keys: decoding the copy leaves the original's next step unchanged.
+  levanter::kv_cache copy = batch;
+  std::vector<std::int32_t> ids(live.size(), 1);
+  const auto from_copy = f(copy, ids, static_cast<std::int64_t>(live.size()));
+  std::vector<std::int32_t> other(live.size(), 2);
+  (void)f(copy, other, static_cast<std::int64_t>(live.size()));
+  CHECK(f(batch, ids, static_cast<std::int64_t>(live.size())) == from_copy);
+  // Rows that do not match the input, and a row past the model's positions, are clear errors.
+  CHECK_THROWS_WITH_AS(f(batch, std::vector<std::int32_t>{1, 2}, 2), doctest::Contains("sequences"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("generate: sequences batched over one cache give each sequence's own logits (tiny goldens: bit for bit)") {
@@ -173,6 +239,14 @@ TEST_CASE("generate: sequences batched over one cache give each sequence's own l
   for (const char* name : llama_cases) {
     CAPTURE(name);
     batched_rows_equal_alone(import_dir<levanter::llama::LMHeadModel>(std::string("hf_llama/") + name, llama_base(name)));
+  }
+}
+
+TEST_CASE("generate: sequences of different lengths decode as one batch, joining and leaving, bit for bit") {
+  mixed_lengths_equal_alone(import_dir<levanter::gpt2::LMHeadModel>("hf_gpt2_tiny", levanter::Gpt2Config{}));
+  for (const char* name : llama_cases) {
+    CAPTURE(name);
+    mixed_lengths_equal_alone(import_dir<levanter::llama::LMHeadModel>(std::string("hf_llama/") + name, llama_base(name)));
   }
 }
 

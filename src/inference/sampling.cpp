@@ -134,25 +134,6 @@ bool decoder::accept(std::span<const float> logits) {
   return !done_;
 }
 
-void keep_cache_rows(kv_cache& cache, std::span<const std::int64_t> rows) {
-  namespace hx = haliax;
-  auto keep = [&](kv_cache::kv_array& a) {
-    const auto B = a.size(Batch), L = a.size(KeyPos), H = a.size(Heads), D = a.size(HeadSize);
-    const auto host = a.to_host();
-    const auto row = static_cast<std::size_t>(L * H * D);
-    std::vector<float> out;
-    out.reserve(rows.size() * row);
-    for (const auto r : rows) {
-      if (r < 0 || r >= B) throw std::out_of_range("keep_cache_rows: row " + std::to_string(r) + " of " + std::to_string(B));
-      out.insert(out.end(), host.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * row),
-                 host.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(r) + 1) * row));
-    }
-    a = hx::from_host<float>(out, static_cast<std::int64_t>(rows.size()) * Batch, L * KeyPos, H * Heads, D * HeadSize);
-  };
-  for (auto& a : cache.k) keep(a);
-  for (auto& a : cache.v) keep(a);
-}
-
 void decoder::finish(std::string reason) {
   out_.finish_reason = std::move(reason);
   done_ = true;

@@ -111,8 +111,9 @@ std::size_t whole_utf8(const std::string& text, std::size_t end, std::size_t fro
 }
 
 /// Runs the admitted sequences a token per round, and admits queued jobs between rounds. Each sequence is a group of
-/// its own, or, with `batch`, sequences admitted in the same round with prompts of the same length form a group: one
-/// batched forward pass per round over one cache (their lengths stay equal), so the weights are read once for all of
+/// its own, or, with `batch` (continuous batching), sequences admitted in the same round with prompts of the same
+/// length form a group for their prefill, and after it join the one decoding group: one batched forward pass per
+/// round over one cache whose rows are at different lengths (kv_cache), so the weights are read once for all of
 /// them. A finished sequence leaves its group.
 class engine {
  public:
@@ -152,6 +153,7 @@ class engine {
         else
           ++it;
       }
+      if (batch_) join_decoding();
     }
     std::lock_guard<std::mutex> lock(m_);
     for (auto& g : groups_)
@@ -222,6 +224,26 @@ class engine {
     groups_.splice(groups_.end(), formed);
   }
 
+  /// Moves the rows of every group past its prefill into the first such group, in order: one forward pass per
+  /// round decodes them all, whatever their lengths.
+  void join_decoding() {
+    group* into = nullptr;
+    for (auto it = groups_.begin(); it != groups_.end();) {
+      if (it->cache.empty()) {
+        ++it;
+        continue;
+      }
+      if (!into) {
+        into = &*it;
+        ++it;
+        continue;
+      }
+      for (auto& r : it->rows) into->rows.push_back(std::move(r));
+      into->cache.splice(std::move(it->cache));
+      it = groups_.erase(it);
+    }
+  }
+
   /// One round of group `g`: drops the rows whose clients left, runs the forward pass, chooses each row's token and
   /// sends its piece; drops the finished rows. Returns whether the group is empty (or failed).
   bool step(group& g) {
@@ -259,7 +281,7 @@ class engine {
     std::vector<row> rows;
     for (const auto k : keep) rows.push_back(std::move(g.rows[static_cast<std::size_t>(k)]));
     g.rows = std::move(rows);
-    if (!g.rows.empty() && !g.cache.k.empty()) keep_cache_rows(g.cache, keep);
+    if (!g.rows.empty() && !g.cache.empty()) g.cache.keep_rows(keep);
   }
 
   /// The text and tokens `s` made since its last piece, to its channel; cuts the text at a stop string.

@@ -54,12 +54,21 @@ void LMHeadModel::check(const Gpt2Config& cfg, std::int64_t vocab) {
 hidden LMHeadModel::activations(const Gpt2Config& cfg, const token_batch& tokens, const token_batch& segments,
                                 const forward_options& o) const {
   const auto n = tokens.size(Pos);
-  const std::int64_t start = o.cache ? o.cache->length : 0;  // decoding: the tokens are positions start, start + 1, ...
-  if (start + n > cfg.seq_len)
-    throw std::invalid_argument("gpt2: sequence of " + std::to_string(start + n) + " tokens is longer than seq_len " +
-                                std::to_string(cfg.seq_len) + " (the learned position embeddings end there)");
   const auto& wpe = embeddings.position_embeddings.weight;
-  hidden x = embeddings.token_embeddings.embed(tokens) + (n == cfg.seq_len ? wpe : hax::slice(wpe, Pos, start, n));
+  hidden x = embeddings.token_embeddings.embed(tokens);
+  if (o.cache) {  // decoding: row r's tokens are positions cache->length(r), ... (each row at its own length)
+    o.cache->begin(tokens.size(Batch), n, cfg.seq_len, "gpt2");
+    const auto rows = tokens.size(Batch);
+    std::vector<hidden> parts;
+    for (std::int64_t r = 0; r < rows; ++r)
+      parts.push_back(hax::slice(x, Batch, r, 1) + hax::slice(wpe, Pos, o.cache->length(r), n));
+    x = rows == 1 ? parts.front() : hax::concatenate(Batch, parts);
+  } else {
+    if (n > cfg.seq_len)
+      throw std::invalid_argument("gpt2: sequence of " + std::to_string(n) + " tokens is longer than seq_len " +
+                                  std::to_string(cfg.seq_len) + " (the learned position embeddings end there)");
+    x = x + (n == cfg.seq_len ? wpe : hax::slice(wpe, Pos, 0, n));
+  }
   if (!o.inference && cfg.embed_pdrop > 0) x = nn::Dropout{cfg.embed_pdrop}(x, hax::random::fold_in(o.key, 0), false);
   const nn::Dropout resid{cfg.resid_pdrop};
   const bool resid_drop = !o.inference && cfg.resid_pdrop > 0;
@@ -76,7 +85,7 @@ hidden LMHeadModel::activations(const Gpt2Config& cfg, const token_batch& tokens
         return h2 + f;
       },
       o.checkpointing);
-  if (o.cache) o.cache->length += n;
+  if (o.cache) o.cache->advance(n);
   return transformer.ln_f(x);
 }
 

@@ -1,5 +1,7 @@
 // GPT-2's attention (one block): compiled on its own, beside the rest of the model (gpt2.cpp), so the two
 // heaviest instantiations of the model build in parallel.
+#include <vector>
+
 #include <haliax/haliax.hpp>
 #include <levanter/layers/attention.hpp>
 #include <levanter/models/gpt2.hpp>
@@ -22,10 +24,15 @@ hidden attention(const Attention<>& a, const Gpt2Config& cfg, const hidden& x, c
     spec.dropout = cfg.attn_pdrop;
     spec.dropout_key = hax::random::fold_in(o.key, 3 * layer + 1);
   }
-  if (o.cache) {  // decoding: attend over the cached positions and these
-    spec.q_start = o.cache->length;
-    const auto [kc, vc] = o.cache->append(layer, k, v);
-    return a.c_proj(layers::attention(q, kc, vc, segments, spec));
+  if (o.cache) {  // decoding: each row attends over its own cached positions and these (kv_cache)
+    const auto rows = x.size(Batch);
+    std::vector<decltype(q)> out;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      spec.q_start = o.cache->length(r);
+      const auto [kc, vc] = o.cache->append(r, layer, hax::slice(k, Batch, r, 1), hax::slice(v, Batch, r, 1));
+      out.push_back(layers::attention(hax::slice(q, Batch, r, 1), kc, vc, hax::slice(segments, Batch, r, 1), spec));
+    }
+    return a.c_proj(rows == 1 ? out.front() : hax::concatenate(Batch, out));
   }
   return a.c_proj(layers::attention(q, k, v, segments, spec));
 }

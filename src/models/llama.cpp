@@ -126,11 +126,11 @@ void LMHeadModel::check(const LlamaConfig& cfg, std::int64_t vocab) {
 hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& tokens, const token_batch& segments,
                                 const forward_options& o) const {
   const auto n = tokens.size(Pos);
-  const std::int64_t start = o.cache ? o.cache->length : 0;  // decoding: the tokens are positions start, ...
-  if (start + n > cfg.seq_len)
-    throw std::invalid_argument(std::string(family_type_name(cfg.family)) + ": sequence of " +
-                                std::to_string(start + n) + " tokens is longer than seq_len " +
-                                std::to_string(cfg.seq_len));
+  if (o.cache)  // decoding: row r's tokens are positions cache->length(r), ... (each row at its own length)
+    o.cache->begin(tokens.size(Batch), n, cfg.seq_len, std::string(family_type_name(cfg.family)));
+  else if (n > cfg.seq_len)
+    throw std::invalid_argument(std::string(family_type_name(cfg.family)) + ": sequence of " + std::to_string(n) +
+                                " tokens is longer than seq_len " + std::to_string(cfg.seq_len));
   hidden x = embeddings.token_embeddings.embed(tokens);
   if (cfg.family->scaled_embeddings) x = x * cfg.embedding_scale();
   if (embeddings.norm) x = (*embeddings.norm)(x);
@@ -164,7 +164,7 @@ hidden LMHeadModel::activations(const LlamaConfig& cfg, const token_batch& token
         return h2 + f;
       },
       o.checkpointing);
-  if (o.cache) o.cache->length += n;
+  if (o.cache) o.cache->advance(n);
   return transformer.norm(x);
 }
 

@@ -57,25 +57,38 @@ hidden attention(const Attention<>& a, const LlamaConfig& cfg, const hidden& x, 
     k = hax::unflatten_axis((*a.k_proj_norm)(hax::flatten_axes(k, axes<KVHeads, HeadSize>{}, KFeatures)), KFeatures,
                             k.sized(KVHeads), k.sized(HeadSize));
   }
-  const std::int64_t start = cache ? cache->length : 0;  // decoding: x holds positions start, start + 1, ...
-  auto rope = rope_tables_of((start + x.size(Pos)) * Pos, q.sized(HeadSize), rope_spec_of(cfg.rope_of_layer(layer)));
-  if (start > 0)
-    rope = decltype(rope){hax::slice(rope.cos, Pos, start, x.size(Pos)), hax::slice(rope.sin, Pos, start, x.size(Pos))};
-  q = nn::apply_rotary(q, rope, Pos, HeadSize);
-  auto kr = hax::rename(nn::apply_rotary(k, rope, Pos, HeadSize), Pos, KeyPos);
-  auto vr = hax::rename(v, Pos, KeyPos);
-  if (cache) {  // the layer's keys and values so far, these appended (stored on the Heads axis)
-    const auto [kc, vc] = cache->append(layer, hax::rename(kr, KVHeads, Heads), hax::rename(vr, KVHeads, Heads));
-    kr = hax::rename(kc, Heads, KVHeads);
-    vr = hax::rename(vc, Heads, KVHeads);
-  }
   layers::attention_spec spec;
-  spec.q_start = start;
   spec.backend = layers::attention_backend_of(cfg.attn_backend);
   spec.scale = cfg.attention_scale();
   spec.logits_soft_cap = cfg.attn_logit_softcapping;
   spec.sliding_window = cfg.window_of_layer(layer);
   spec.block_size = cfg.flash_attention_block_size;
+  const auto rope_spec = rope_spec_of(cfg.rope_of_layer(layer));
+  const auto n = x.size(Pos);
+  if (cache) {  // decoding: row r holds positions cache->length(r), ...; it attends over its own keys alone
+    // One table of every position the model has (the same table every step), rows taken per sequence: a position's
+    // angles do not depend on the table's length.
+    const auto table = rope_tables_of(cfg.seq_len * Pos, q.sized(HeadSize), rope_spec);
+    const auto rows = x.size(Batch);
+    std::vector<decltype(q)> out;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto start = cache->length(r);
+      const decltype(table) rope{hax::slice(table.cos, Pos, start, n), hax::slice(table.sin, Pos, start, n)};
+      const auto qr = nn::apply_rotary(hax::slice(q, Batch, r, 1), rope, Pos, HeadSize);
+      const auto kr = hax::rename(nn::apply_rotary(hax::slice(k, Batch, r, 1), rope, Pos, HeadSize), Pos, KeyPos);
+      const auto vr = hax::rename(hax::slice(v, Batch, r, 1), Pos, KeyPos);
+      const auto [kc, vc] = cache->append(r, layer, hax::rename(kr, KVHeads, Heads), hax::rename(vr, KVHeads, Heads));
+      spec.q_start = start;
+      out.push_back(layers::attention(qr, hax::rename(kc, Heads, KVHeads), hax::rename(vc, Heads, KVHeads),
+                                      hax::slice(segments, Batch, r, 1), spec));
+    }
+    return a.o_proj(hax::flatten_axes(rows == 1 ? out.front() : hax::concatenate(Batch, out),
+                                      axes<KVHeads, QHeadsPerGroup>{}, Heads));
+  }
+  const auto rope = rope_tables_of(n * Pos, q.sized(HeadSize), rope_spec);
+  q = nn::apply_rotary(q, rope, Pos, HeadSize);
+  const auto kr = hax::rename(nn::apply_rotary(k, rope, Pos, HeadSize), Pos, KeyPos);
+  const auto vr = hax::rename(v, Pos, KeyPos);
   return a.o_proj(
       hax::flatten_axes(layers::attention(q, kr, vr, segments, spec), axes<KVHeads, QHeadsPerGroup>{}, Heads));
 }

@@ -55,17 +55,14 @@ std::pair<std::int32_t, double> choose_token(std::span<const float> logits, cons
 bool ends_generation(std::span<const std::int32_t> tokens, const sampling_options& s);
 
 /// The logits of the last position of each row after running `ids` (`rows` rows of ids.size() / rows tokens,
-/// row-major) through a model that appends them to `cache` (the next positions after `cache.length`, every row at
-/// the same length): rows x vocabulary floats. make_logits_fn makes one for a model; decoder and the server call it.
-/// A row's logits do not depend on the other rows (each row's attention reads its own keys; the GEMMs compute each
-/// row as they would alone: make_logits_fn runs under haliax::independent_rows_scope), so a sequence generates the
-/// same tokens alone or batched with others, bit for bit (tests/test_generate.cpp, tests/test_serve.cpp).
+/// row-major) through a model that appends them to `cache` (row r's tokens are the next positions of the cache's
+/// row r, after its length(r); rows may be at different lengths): rows x vocabulary floats. make_logits_fn makes one
+/// for a model; decoder and the server call it. A row's logits do not depend on the other rows (each row's attention
+/// reads its own keys; the GEMMs compute each row as they would alone: make_logits_fn runs under
+/// haliax::independent_rows_scope), so a sequence generates the same tokens alone or batched with others of any
+/// lengths, bit for bit (tests/test_generate.cpp, tests/test_serve.cpp).
 using logits_fn =
     std::function<std::vector<float>(kv_cache& cache, std::span<const std::int32_t> ids, std::int64_t rows)>;
-
-/// Keeps rows `rows` (ascending indices into the Batch axis) of every layer's keys and values: the sequences of a
-/// batched cache that go on when the others have finished.
-void keep_cache_rows(kv_cache& cache, std::span<const std::int64_t> rows);
 
 /// One sequence being generated, a step at a time: the first step runs the prompt (prefill), each later one the
 /// last chosen token; every step chooses one token. `generate` runs the steps to the end over the decoder's own
@@ -116,10 +113,13 @@ logits_fn make_logits_fn(const M& model, const typename M::config_type& cfg) {
     if (rows <= 0 || n <= 0 || n * rows != static_cast<std::int64_t>(ids.size()))
       throw std::invalid_argument("generate: " + std::to_string(ids.size()) + " ids do not make " +
                                   std::to_string(rows) + " equal rows");
-    const auto before = cache.length;
+    std::vector<std::int64_t> before;
+    for (const auto& r : cache.rows) before.push_back(r.length);
     const auto tokens = hx::from_host<std::int32_t>(ids, rows * Batch, n * Pos);
     const auto h = model.activations(cfg, tokens, hx::zeros<std::int32_t>(rows * Batch, n * Pos), o);
-    if (cache.length != before + n || cache.k.empty())
+    bool kept = !cache.empty() && cache.rows.size() == static_cast<std::size_t>(rows);
+    for (std::size_t r = 0; kept && r < before.size(); ++r) kept = cache.rows[r].length == before[r] + n;
+    if (!kept)
       throw std::logic_error(std::string("generate: the model '") + std::string(M::class_name) +
                              "' does not keep a kv_cache in its forward pass (forward_options::cache)");
     return lm_head_logits(hx::slice(h, Pos, n - 1, 1), model.get_lm_head(), final_logit_soft_cap_of(cfg)).to_host();

@@ -6,10 +6,11 @@
 // Requests are tokenized and queued; one engine thread runs every admitted sequence a token per round (`decoder`,
 // levanter/inference/generate.hpp) and admits queued requests between rounds while it has room for their `n`
 // sequences (at most `service.max_seqs` at once): a long generation does not hold back a short one, and every
-// stream moves. Sequences admitted in the same round with prompts of equal length share one batched forward pass per
-// round over one cache (`batch_decode`, on by default); each has its own seed, and a row's logits do not depend on
-// the rows beside it (make_logits_fn), so its tokens are those of generate() alone whatever else runs
-// (tests/test_serve.cpp, tests/test_generate.cpp).
+// stream moves. With `batch_decode` (on by default) the engine batches continuously: sequences admitted in the same
+// round with prompts of equal length are prefilled together, then join the one decoding batch, whose rows sit at
+// different positions of one cache (kv_cache): one forward pass per round for every running sequence. Each has its
+// own seed, and a row's logits do not depend on the rows beside it (make_logits_fn), so its tokens are those of
+// generate() alone whatever else runs (tests/test_serve.cpp, tests/test_generate.cpp).
 // The HTTP side is cpp-httplib (Debian's libcpp-httplib-dev): a thread per connection, with the request-size limit,
 // keep-alive and chunked responses the streams need, in one header and a small library; Boost.Beast would mean
 // writing the connection handling ourselves for the same result.
@@ -60,10 +61,10 @@ struct server_options {
   std::int64_t default_max_tokens = 16;   ///< a completion's max_tokens when not given (OpenAI's 16)
   std::int64_t max_queued_requests = 256;  ///< waiting requests beyond this are answered 429
   std::int64_t threads = 64;               ///< connections served at once
-  /// Run sequences admitted together with prompts of equal length as one batch (one forward pass per round for the
-  /// group): the weights are read once for the group (GPT-2 124M, 2 cores: 16 rows in about 90 ms against 53 ms for
-  /// one). The same tokens either way: each row's products are computed as they would be alone
-  /// (haliax::independent_rows_scope). Off: one forward pass per sequence.
+  /// Continuous batching: every running sequence, whatever its length, decodes in one forward pass per round (the
+  /// prefills of a round's equal-length prompts in one more): the weights are read once per round (GPT-2 124M, 2
+  /// cores: 16 rows in about 90 ms against 53 ms for one). The same tokens either way: each row's products are
+  /// computed as they would be alone (haliax::independent_rows_scope). Off: one forward pass per sequence.
   bool batch_decode = true;
   std::function<void(int port)> on_listening;  ///< called once the port is bound (tests start clients there)
 };

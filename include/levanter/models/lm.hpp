@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -108,20 +110,59 @@ struct lm_aux {
   }
 };
 
-/// Keys and values of the positions decoded so far, one pair per attention layer, so that decoding a token reads
-/// them instead of recomputing the prefix (levanter/inference/generate.hpp). Given one through
-/// forward_options::cache, a model treats its input as positions [length, length + n) of one sequence per batch row
-/// (no packed segments), each attention layer appends the keys and values of those positions and attends over all
-/// of them, and the forward pass advances `length` by n. Key/value heads are stored on the `Heads` axis whatever the
-/// model calls them.
+/// Keys and values of the positions decoded so far, per sequence (batch row) and attention layer, so that decoding a
+/// token reads them instead of recomputing the prefix (levanter/inference/generate.hpp). Given one through
+/// forward_options::cache, a model treats row r of its input as positions [length(r), length(r) + n) of that row's
+/// sequence (no packed segments); the rows may be at different lengths (sequences of different lengths decode as
+/// one batch: serve_lm's continuous batching). Each attention layer appends a row's new keys and values in place and
+/// attends over that row's positions alone, and the forward pass advances every row by n (advance()). So a row's
+/// results are those of its sequence decoded alone, bit for bit. Key/value heads are stored on the `Heads` axis
+/// whatever the model calls them.
+///
+/// Each (row, layer) keeps one buffer with room to spare, whose first length(r) positions are the row's: appending
+/// writes the new positions after them, without copying the earlier ones, and the arrays append() returns view the
+/// buffer. A buffer starts with room for twice its first input (at least 64 positions) and doubles when full, never
+/// past the model's positions (begin()'s max_positions). Copying a cache copies its buffers (two copies never share
+/// one).
 struct kv_cache {
   using kv_array = hax::named_array<float, hax::axes<Batch, KeyPos, Heads, HeadSize>>;
-  std::vector<kv_array> k, v;  ///< per layer, `length` positions each
-  std::int64_t length = 0;     ///< positions held: the next input's first position
-  /// Appends `k_new` / `v_new` (the input's positions) to layer `layer` (the next layer in order when the cache is
-  /// new) and returns the layer's keys and values, `length + n` positions. Throws std::logic_error when the layer
-  /// or the lengths do not follow (a model that does not use the cache consistently).
-  std::pair<const kv_array&, const kv_array&> append(std::int64_t layer, const kv_array& k_new, const kv_array& v_new);
+  /// One sequence: per layer, a buffer {1, capacity, heads, head_size} whose first `length` positions hold keys
+  /// (values).
+  struct sequence {
+    std::vector<kv_array> k, v;
+    std::int64_t length = 0;    ///< positions held: the next input's first position
+    std::int64_t appended = 0;  ///< layers appended in the forward pass under way
+  };
+  std::vector<sequence> rows;
+  std::int64_t max_positions = 0;  ///< the model's positions (begin()): no buffer grows past them
+
+  kv_cache() = default;
+  kv_cache(const kv_cache& o);
+  kv_cache& operator=(const kv_cache& o);
+  kv_cache(kv_cache&&) noexcept = default;
+  kv_cache& operator=(kv_cache&&) noexcept = default;
+
+  /// Positions row r holds.
+  std::int64_t length(std::int64_t r) const { return rows.at(static_cast<std::size_t>(r)).length; }
+  /// Whether no row holds anything yet.
+  bool empty() const { return rows.empty() || rows.front().k.empty(); }
+  /// Before a forward pass over `batch` rows of `n` positions: an empty cache gets `batch` rows; otherwise the
+  /// rows must match. Throws std::invalid_argument naming both when they do not, or when a row would pass
+  /// `max_positions` (the error a model gives for a sequence longer than it has positions: `what` names the model).
+  void begin(std::int64_t batch, std::int64_t n, std::int64_t max_positions, const std::string& what);
+  /// Writes `k_new` / `v_new` {1, n, heads, head_size} (row r's input positions) after row r's `length` positions in
+  /// layer `layer` (the next layer in order when the row is new) and returns the row's keys and values, length + n
+  /// positions, viewing the buffers. Throws std::logic_error when the layer or the lengths do not follow (a model
+  /// that does not use the cache consistently).
+  std::pair<kv_array, kv_array> append(std::int64_t r, std::int64_t layer, const kv_array& k_new,
+                                       const kv_array& v_new);
+  /// After the forward pass: every row holds n more positions. Throws std::logic_error unless every row appended
+  /// every layer once.
+  void advance(std::int64_t n);
+  /// Keeps rows `keep` (ascending indices), in that order: the sequences that go on when others have finished.
+  void keep_rows(std::span<const std::int64_t> keep);
+  /// Moves the rows of `other` after this cache's (sequences that join a running batch); `other` is left empty.
+  void splice(kv_cache&& other);
 };
 
 /// What a forward pass needs besides the parameters.
