@@ -3,8 +3,10 @@
 // many clients at once); stop strings cut the text before them; chat prompts are the tokenizer's template rendered
 // with the generation prompt; bad requests get OpenAI-style 4xx errors and the server keeps serving, also after a
 // client leaves in the middle of a stream. serve_program.sh runs the serve_lm program itself with curl.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <sstream>
 #include <string>
@@ -53,12 +55,14 @@ struct served {
   std::ostringstream log;
   std::thread thread;
 
-  explicit served(std::int64_t max_body = 4096, bool batch = true) {
+  explicit served(std::int64_t max_body = 4096, bool batch = true,
+                  const std::function<void(levanter::server_options&)>& tweak = {}) {
     opts.batch_decode = batch;
     opts.model_name = "tiny";
     opts.max_body_bytes = max_body;
     opts.max_tokens = 40;
     opts.service.max_seqs = 6;
+    if (tweak) tweak(opts);
     opts.on_listening = [this](int p) { port_promise.set_value(p); };
     thread = std::thread([this] {
       try {
@@ -336,6 +340,62 @@ TEST_CASE("serve: 32 clients at once each get what a request alone gets") {
     const auto ids = s.tok.encode(prompts[k % prompts.size()], false);
     CHECK(got[k] == s.text_of(s.expect(ids, 8 + k % 12, 1.0, static_cast<std::uint64_t>(100 + k))));
   }
+}
+
+// service.page_size / max_pages / max_pages_per_seq: each sequence reserves ceil((prompt + max_tokens) / page_size)
+// pages when it starts; the running ones never hold more than max_pages, so requests wait for pages (and still get
+// what a request alone gets); a request that could never fit is refused at once.
+TEST_CASE("serve: cache pages bound the running sequences, requests wait for them, and too large ones are refused") {
+  served s(4096, true, [](levanter::server_options& o) {
+    o.service.page_size = 4;
+    o.service.max_pages = 7;
+    o.service.max_pages_per_seq = 6;
+  });
+  const std::vector<std::string> prompts = {"The cat", "x", "Numbers: 1 2 3"};
+  constexpr int clients = 9;
+  std::vector<std::string> got(clients);
+  std::vector<int> status(clients);
+  std::vector<std::thread> ts;
+  std::int64_t most_pages = 0;  // of one request
+  for (int k = 0; k < clients; ++k) {
+    const auto len = static_cast<std::int64_t>(s.tok.encode(prompts[k % prompts.size()], false).size());
+    most_pages = std::max(most_pages, (len + 8 + k % 4 + 3) / 4);
+    ts.emplace_back([&, k] {
+      json body = {{"model", "tiny"}, {"prompt", prompts[k % prompts.size()]}, {"max_tokens", 8 + k % 4},
+                   {"temperature", 1.0}, {"seed", 7 + k}, {"stream", k % 2 == 1}};
+      auto reply = s.post("/v1/completions", body.dump());
+      status[k] = reply.first;
+      if (k % 2 == 0) {
+        if (reply.first == 200) got[k] = json::parse(reply.second)["choices"][0]["text"];
+      } else {
+        for (const auto& e : events(reply.second).first) got[k] += e["choices"][0]["text"].get<std::string>();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  REQUIRE(most_pages >= 3);  // so at most two requests fit in 7 pages at once
+  for (int k = 0; k < clients; ++k) {
+    INFO("client " << k);
+    CHECK(status[k] == 200);
+    const auto ids = s.tok.encode(prompts[k % prompts.size()], false);
+    CHECK(got[k] == s.text_of(s.expect(ids, 8 + k % 4, 1.0, static_cast<std::uint64_t>(7 + k))));
+  }
+  // Longer than 6 pages of 4 for one sequence; more than 7 pages for the request (n = 3 x 3 pages).
+  auto reply = s.post("/v1/completions", json{{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 30}}.dump());
+  CHECK(reply.first == 400);
+  CHECK(reply.second.find("service.max_pages_per_seq") != std::string::npos);
+  reply = s.post("/v1/completions", json{{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 9}, {"n", 3}}.dump());
+  CHECK(reply.first == 400);
+  CHECK(reply.second.find("service.max_pages)") != std::string::npos);
+  const std::string log = s.shutdown();
+  INFO(log);
+  const auto at = log.find(" cache pages at once");
+  REQUIRE(at != std::string::npos);
+  const auto from = log.rfind(' ', at - 1);
+  const int peak = std::stoi(log.substr(from + 1, at - from - 1));
+  CHECK(peak <= 7);  // unbounded, 6 sequences of 3 to 6 pages would run at once
+  CHECK(peak >= 3);
+  CHECK(log.find("cache pages of 4 positions, 7 in all") != std::string::npos);
 }
 
 TEST_CASE("serve: bad requests get OpenAI-style errors and the server keeps serving") {

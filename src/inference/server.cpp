@@ -115,12 +115,23 @@ std::size_t whole_utf8(const std::string& text, std::size_t end, std::size_t fro
 /// length form a group for their prefill, and after it join the one decoding group: one batched forward pass per
 /// round over one cache whose rows are at different lengths (kv_cache), so the weights are read once for all of
 /// them. A finished sequence leaves its group.
+///
+/// Cache pages: a sequence reserves ceil((prompt + max_tokens) / page_size) pages when it is admitted, and its cache
+/// buffers stay within them (kv_cache::sequence::limit); with `max_pages` (0: no bound) a request waits in the queue
+/// until its sequences' pages are free, so the keys and values of all running sequences never need more than
+/// max_pages x page_size positions. Reserving at admission means a running sequence never runs out of cache.
 class engine {
  public:
   engine(const data::tokenizer& tok, logits_fn logits, std::int64_t positions, std::int64_t max_seqs,
-         std::int64_t max_queued, bool batch)
+         std::int64_t max_queued, bool batch, std::int64_t page_size, std::int64_t max_pages)
       : tok_(tok), logits_(std::move(logits)), positions_(positions), max_seqs_(max_seqs), max_queued_(max_queued),
-        batch_(batch) {}
+        page_size_(page_size), max_pages_(max_pages), batch_(batch) {}
+
+  /// Cache pages sequence `s` reserves.
+  static std::int64_t pages_of(const job::seq& s, std::int64_t page_size) {
+    const auto positions = static_cast<std::int64_t>(s.prompt.size()) + s.options.max_new_tokens;
+    return (positions + page_size - 1) / page_size;
+  }
 
   /// Queues `j`; false when the queue is full.
   bool submit(job j) {
@@ -137,11 +148,15 @@ class engine {
 
   /// Forward passes run and tokens chosen so far (tokens / passes: the mean batch).
   std::pair<std::int64_t, std::int64_t> stats() const { return {passes_, tokens_}; }
+  /// The most cache pages reserved at once, and the most sequences run at once.
+  std::pair<std::int64_t, std::int64_t> peaks() const { return {peak_pages_, peak_seqs_}; }
 
   /// Runs until `stop()`; then fails every queued and running request (their threads wake and answer).
   void run(const std::function<bool()>& stop) {
     while (!stop()) {
       admit();
+      peak_pages_ = std::max(peak_pages_, pages_in_use());
+      peak_seqs_ = std::max(peak_seqs_, running());
       if (groups_.empty()) {
         std::unique_lock<std::mutex> lock(m_);
         cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return !queue_.empty(); });
@@ -170,6 +185,7 @@ class engine {
     std::size_t choice;
     std::shared_ptr<const std::vector<std::string>> stops;
     std::size_t emitted = 0, tokens_sent = 0;
+    std::int64_t pages = 0;  ///< cache pages reserved
   };
   struct group {
     kv_cache cache;
@@ -188,21 +204,37 @@ class engine {
     return n;
   }
 
+  std::int64_t pages_in_use() const {
+    std::int64_t n = 0;
+    for (const auto& g : groups_)
+      for (const auto& r : g.rows) n += r.pages;
+    return n;
+  }
+
   void admit() {
     std::vector<row> fresh;
     {
       std::lock_guard<std::mutex> lock(m_);
-      // First come, first served: the head waits until its sequences fit, and nothing passes it.
-      std::int64_t n = running();
-      while (!queue_.empty() && n + static_cast<std::int64_t>(queue_.front().seqs.size()) <= max_seqs_) {
+      // First come, first served: the head waits until its sequences and their cache pages fit, and nothing
+      // passes it.
+      std::int64_t n = running(), pages = pages_in_use();
+      auto job_pages = [&](const job& j) {
+        std::int64_t p = 0;
+        for (const auto& s : j.seqs) p += pages_of(s, page_size_);
+        return p;
+      };
+      while (!queue_.empty() && n + static_cast<std::int64_t>(queue_.front().seqs.size()) <= max_seqs_ &&
+             (max_pages_ == 0 || pages + job_pages(queue_.front()) <= max_pages_)) {
         job j = std::move(queue_.front());
         queue_.pop_front();
         n += static_cast<std::int64_t>(j.seqs.size());
+        pages += job_pages(j);
         auto stops = std::make_shared<const std::vector<std::string>>(std::move(j.stops));
         for (std::size_t i = 0; i < j.seqs.size(); ++i) {
           try {
+            const auto reserved = pages_of(j.seqs[i], page_size_);
             fresh.push_back(row{decoder({}, positions_, std::move(j.seqs[i].prompt), j.seqs[i].options), j.ch, i,
-                                stops, 0, 0});
+                                stops, 0, 0, reserved});
           } catch (const std::exception& e) {
             fail(*j.ch, e.what());
           }
@@ -220,6 +252,10 @@ class engine {
         it = std::prev(formed.end());
       }
       it->rows.push_back(std::move(r));
+    }
+    for (auto& g : formed) {  // each sequence's buffers within its pages
+      g.cache.rows.resize(g.rows.size());
+      for (std::size_t k = 0; k < g.rows.size(); ++k) g.cache.rows[k].limit = g.rows[k].pages * page_size_;
     }
     groups_.splice(groups_.end(), formed);
   }
@@ -281,7 +317,7 @@ class engine {
     std::vector<row> rows;
     for (const auto k : keep) rows.push_back(std::move(g.rows[static_cast<std::size_t>(k)]));
     g.rows = std::move(rows);
-    if (!g.rows.empty() && !g.cache.empty()) g.cache.keep_rows(keep);
+    if (!g.rows.empty() && !g.cache.rows.empty()) g.cache.keep_rows(keep);  // (rows made before the prefill too)
   }
 
   /// The text and tokens `s` made since its last piece, to its channel; cuts the text at a stop string.
@@ -324,7 +360,8 @@ class engine {
 
   const data::tokenizer& tok_;
   logits_fn logits_;
-  std::int64_t positions_, max_seqs_, max_queued_;
+  std::int64_t positions_, max_seqs_, max_queued_, page_size_, max_pages_;
+  std::int64_t peak_pages_ = 0, peak_seqs_ = 0;
   bool batch_;
   std::int64_t passes_ = 0, tokens_ = 0;
   std::mutex m_;
@@ -573,6 +610,26 @@ class handler {
         throw request_error(400, "This model's maximum context length is " + std::to_string(positions_) +
                                      " tokens; the prompt (" + std::to_string(longest) + " tokens) plus " + mt + " (" +
                                      std::to_string(r.max_tokens) + ") is more", mt, "context_length_exceeded");
+      // Cache pages: each sequence's prompt and new tokens within max_pages_per_seq pages, the request's within
+      // max_pages (a request that could never be admitted is refused now, not queued forever).
+      const auto& sv = o_.service;
+      const std::int64_t per_seq = sv.page_size * sv.max_pages_per_seq;
+      if (longest + r.max_tokens > per_seq)
+        throw request_error(400, "the prompt (" + std::to_string(longest) + " tokens) plus " + mt + " (" +
+                                     std::to_string(r.max_tokens) + ") needs more cache than a sequence may hold: " +
+                                     std::to_string(per_seq) + " positions (service.max_pages_per_seq " +
+                                     std::to_string(sv.max_pages_per_seq) + " x service.page_size " +
+                                     std::to_string(sv.page_size) + ")", mt, "context_length_exceeded");
+      if (sv.max_pages) {
+        std::int64_t pages = 0;
+        for (const auto& p : r.prompts)
+          pages += r.n * ((static_cast<std::int64_t>(p.size()) + r.max_tokens + sv.page_size - 1) / sv.page_size);
+        if (pages > *sv.max_pages)
+          throw request_error(400, "the request needs " + std::to_string(pages) + " cache pages of " +
+                                       std::to_string(sv.page_size) + " positions (prompts x n, each prompt plus " +
+                                       mt + "); the server has " + std::to_string(*sv.max_pages) +
+                                       " (service.max_pages)", mt);
+      }
       if (static_cast<std::int64_t>(r.prompts.size()) * r.n > o_.service.max_seqs)
         throw request_error(400, "the request asks for " + std::to_string(r.prompts.size() * r.n) +
                                      " sequences (prompts x n); at most " + std::to_string(o_.service.max_seqs) +
@@ -824,7 +881,11 @@ void serve(const server_options& opts, const data::tokenizer& tok, logits_fn log
     throw config::config_error("port must be between 0 (any free port) and 65535 (is " + std::to_string(opts.port) + ")");
   if (!(opts.temperature >= 0)) throw config::config_error("temperature must be at least 0 (0 is greedy)");
 
-  engine eng(tok, std::move(logits), positions, opts.service.max_seqs, opts.max_queued_requests, opts.batch_decode);
+  positive(opts.service.page_size, "service.page_size");
+  positive(opts.service.max_pages_per_seq, "service.max_pages_per_seq");
+  if (opts.service.max_pages) positive(*opts.service.max_pages, "service.max_pages");
+  engine eng(tok, std::move(logits), positions, opts.service.max_seqs, opts.max_queued_requests, opts.batch_decode,
+             opts.service.page_size, opts.service.max_pages.value_or(0));
   handler h(opts, tok, eng, positions);
   httplib::Server svr;
   const auto threads = static_cast<std::size_t>(opts.threads);
@@ -882,7 +943,10 @@ void serve(const server_options& opts, const data::tokenizer& tok, logits_fn log
   auto old_term = std::signal(SIGTERM, on_signal);
   std::thread listener([&svr] { svr.listen_after_bind(); });
   out << "serve_lm: serving '" << opts.model_name << "' (" << positions << " positions, up to "
-      << opts.service.max_seqs << " sequences at once" << (opts.batch_decode ? ", batched" : "") << ")\n";
+      << opts.service.max_seqs << " sequences at once" << (opts.batch_decode ? ", batched" : "") << ", cache pages of "
+      << opts.service.page_size << " positions"
+      << (opts.service.max_pages ? ", " + std::to_string(*opts.service.max_pages) + " in all" : std::string())
+      << ")\n";
   out << "serve_lm: listening on http://" << host << ":" << port << std::endl;
   if (opts.on_listening) opts.on_listening(port);
   eng.run([&] { return g_signalled.load() || (stop && stop()); });
@@ -891,7 +955,9 @@ void serve(const server_options& opts, const data::tokenizer& tok, logits_fn log
   std::signal(SIGINT, old_int);
   std::signal(SIGTERM, old_term);
   const auto [passes, tokens] = eng.stats();
-  out << "serve_lm: stopped after " << tokens << " tokens in " << passes << " forward passes" << std::endl;
+  const auto [peak_pages, peak_seqs] = eng.peaks();
+  out << "serve_lm: stopped after " << tokens << " tokens in " << passes << " forward passes; at most " << peak_seqs
+      << " sequences and " << peak_pages << " cache pages at once" << std::endl;
 }
 
 #endif

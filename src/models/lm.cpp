@@ -37,6 +37,7 @@ kv_cache::kv_cache(const kv_cache& o) : rows(o.rows.size()), max_positions(o.max
     auto& to = rows[r];
     to.length = from.length;
     to.appended = from.appended;
+    to.limit = from.limit;
     for (const auto& a : from.k) to.k.push_back(cloned(a, from.length));
     for (const auto& a : from.v) to.v.push_back(cloned(a, from.length));
   }
@@ -77,12 +78,11 @@ std::pair<kv_array, kv_array> kv_cache::append(std::int64_t r, std::int64_t laye
                            std::to_string(s.length) + " positions, " + std::to_string(s.appended) +
                            " appended in this pass): the model's forward pass must append every layer of every "
                            "row once per call, one row at a time");
-  // Room: twice the first input (at least 64 positions), doubled when full; within the model's positions when
-  // begin() gave them (so a prefill of most of seq_len does not copy itself at the first decoding step).
+  // Room: twice the first input (at least 64 positions), doubled when full; within the row's limit or the model's
+  // positions (so a prefill of most of seq_len does not copy itself at the first decoding step).
   const auto L = s.length;
-  auto room = [&](std::int64_t want) {
-    return max_positions > 0 ? std::max(L + n, std::min(want, max_positions)) : want;
-  };
+  const auto most = s.limit > 0 ? s.limit : max_positions;
+  auto room = [&](std::int64_t want) { return most > 0 ? std::max(L + n, std::min(want, most)) : want; };
   if (first) {
     const auto cap = room(std::max<std::int64_t>(2 * n, 64));
     s.k.push_back(grown(nullptr, 0, cap, H, D));

@@ -28,9 +28,11 @@
 
 namespace levanter {
 
-/// upstream InferenceEngineConfig. There is no paged cache (a group of sequences shares one cache), so only the keys
-/// that limit work apply: max_seqs (sequences generated at once; a request's `n` counts n) and max_stop_seqs (stop
-/// strings per request). The paged cache's sizes are read and checked, not used.
+/// upstream InferenceEngineConfig. The keys that limit work apply: max_seqs (sequences generated at once; a request's
+/// `n` counts n), max_stop_seqs (stop strings per request) and the cache's pages: a sequence reserves
+/// ceil((prompt + max_tokens) / page_size) pages when admitted, at most max_pages_per_seq, and with max_pages the
+/// running sequences' pages stay within it (requests wait in the queue for pages). The pages are an accounting of
+/// each sequence's own buffers (kv_cache), not a shared pool of blocks: no page is shared between sequences.
 struct InferenceEngineConfig {
   std::optional<std::int64_t> max_pages;
   std::int64_t max_seqs = 16;
@@ -81,10 +83,10 @@ template <>
 struct levanter::config::schema<levanter::InferenceEngineConfig> {
   using T = levanter::InferenceEngineConfig;
   static constexpr auto fields = std::make_tuple(
-      field("max_pages", &T::max_pages, "paged cache pages (read, not used: no paged cache)"),
+      field("max_pages", &T::max_pages, "cache pages of all running sequences (unset: no bound); requests wait for pages"),
       field("max_seqs", &T::max_seqs, "sequences generated at once (a request's n counts n); more wait in the queue"),
-      field("page_size", &T::page_size, "tokens per cache page (read, not used)"),
-      field("max_pages_per_seq", &T::max_pages_per_seq, "pages per sequence (read, not used)"),
+      field("page_size", &T::page_size, "positions per cache page"),
+      field("max_pages_per_seq", &T::max_pages_per_seq, "most cache pages one sequence (prompt + max_tokens) may take"),
       field("compute_dtype", &T::compute_dtype, "compute dtype (read, not used: f32)"),
       field("max_queued_tokens", &T::max_queued_tokens, "upstream's token queue (read, not used)"),
       field("max_seqs_in_prefill", &T::max_seqs_in_prefill, "upstream's prefill batch (read, not used)"),

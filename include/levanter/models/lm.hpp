@@ -132,6 +132,9 @@ struct kv_cache {
     std::vector<kv_array> k, v;
     std::int64_t length = 0;    ///< positions held: the next input's first position
     std::int64_t appended = 0;  ///< layers appended in the forward pass under way
+    /// Most positions the buffers make room for (0: max_positions), e.g. the cache pages a server reserved for the
+    /// sequence; a sequence that outgrows it still gets room.
+    std::int64_t limit = 0;
   };
   std::vector<sequence> rows;
   std::int64_t max_positions = 0;  ///< the model's positions (begin()): no buffer grows past them
