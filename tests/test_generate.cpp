@@ -390,7 +390,7 @@ TEST_CASE("sample_lm: upstream's SampleLmConfig on a Hugging Face directory, gre
     CHECK_MESSAGE(s.gen.tokens == want[static_cast<std::size_t>(s.prompt)],
                   "got " << nlohmann::json(s.gen.tokens).dump() << "\n" << out.str());
   CHECK(out.str().find("Generation 1.0 (round 1") != std::string::npos);
-  CHECK(out.str().find("engine section") != std::string::npos);
+  CHECK(out.str().find("batches of up to 8 (engine.max_seqs)") != std::string::npos);
 
   // Sampled: the same config twice gives the same text; every continuation's seed is its own.
   parsed.config.temperature = 1.0;
@@ -402,6 +402,22 @@ TEST_CASE("sample_lm: upstream's SampleLmConfig on a Hugging Face directory, gre
   REQUIRE(a.size() == 6);
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].gen.tokens == b[i].gen.tokens);
   CHECK((a[0].gen.tokens != a[1].gen.tokens || a[1].gen.tokens != a[2].gen.tokens));
+  // One at a time (engine.max_seqs 1) and six at once (max_seqs 8, two prompt lengths): the same continuations, bit for
+  // bit (their log-probabilities too), and the stops land where they did.
+  parsed.config.engine.yaml = "{max_seqs: 1}";
+  std::ostringstream o3;
+  const auto alone = levanter::run_sample_lm(parsed.config, parsed.sources, o3);
+  REQUIRE(alone.size() == a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(alone[i].gen.tokens == a[i].gen.tokens);
+    CHECK(alone[i].gen.logprobs == a[i].gen.logprobs);
+    CHECK(alone[i].gen.finish_reason == a[i].gen.finish_reason);
+  }
+  parsed.config.engine.yaml = "{max_seqs: 0}";
+  std::ostringstream o4;
+  CHECK_THROWS_WITH_AS(levanter::run_sample_lm(parsed.config, parsed.sources, o4),
+                       doctest::Contains("engine.max_seqs must be positive"), levanter::config::config_error);
+  parsed.config.engine.yaml = "{max_pages: 256, max_seqs: 8, page_size: 8}";
 
   auto errors = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "sample_lm");

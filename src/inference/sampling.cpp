@@ -134,6 +134,53 @@ bool decoder::accept(std::span<const float> logits) {
   return !done_;
 }
 
+std::vector<generation> generate_batch(const logits_fn& logits, std::int64_t positions,
+                                       const std::vector<std::vector<std::int32_t>>& prompts,
+                                       const std::vector<sampling_options>& options, std::int64_t max_batch) {
+  if (prompts.size() != options.size())
+    throw std::invalid_argument("generate_batch: " + std::to_string(prompts.size()) + " prompts and " +
+                                std::to_string(options.size()) + " sampling options");
+  if (max_batch <= 0) throw std::invalid_argument("generate_batch: the batch must hold at least one sequence");
+  std::vector<decoder> ds;
+  ds.reserve(prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) ds.emplace_back(logits_fn{}, positions, prompts[i], options[i]);
+  kv_cache batch;
+  std::vector<std::size_t> live;  // the decoder of each batch row
+  std::size_t next = 0;
+  while (next < ds.size() || !live.empty()) {
+    // Prefill the next prompts alone, and let the unfinished ones join the batch.
+    while (next < ds.size() && static_cast<std::int64_t>(live.size()) < max_batch) {
+      auto& d = ds[next];
+      if (!d.done()) {
+        kv_cache own;
+        if (d.accept(logits(own, d.next_input(), 1))) {
+          batch.splice(std::move(own));
+          live.push_back(next);
+        }
+      }
+      ++next;
+    }
+    if (live.empty()) continue;
+    std::vector<std::int32_t> ids;
+    for (const auto k : live) ids.push_back(ds[k].next_input().front());
+    const auto out = logits(batch, ids, static_cast<std::int64_t>(live.size()));
+    const std::size_t vocab = out.size() / live.size();
+    std::vector<std::int64_t> keep;
+    std::vector<std::size_t> still;
+    for (std::size_t r = 0; r < live.size(); ++r)
+      if (ds[live[r]].accept(std::span<const float>(out.data() + r * vocab, vocab))) {
+        keep.push_back(static_cast<std::int64_t>(r));
+        still.push_back(live[r]);
+      }
+    if (still.size() != live.size()) batch.keep_rows(keep);
+    live = std::move(still);
+  }
+  std::vector<generation> results;
+  results.reserve(ds.size());
+  for (const auto& d : ds) results.push_back(d.result());
+  return results;
+}
+
 void decoder::finish(std::string reason) {
   out_.finish_reason = std::move(reason);
   done_ = true;

@@ -111,8 +111,19 @@ std::vector<sample> run_sample_lm(const SampleLmConfig& cfg, const config::sourc
     job.stop = job.tok.encode(*cfg.stop_sequence, false);
     if (job.stop.empty()) throw config::config_error("stop_sequence must be non-empty (as upstream), or null for none");
   }
-  if (cfg.engine.set)
-    out << "sample_lm: the engine section (a paged cache's sizes) is read but not used: one sequence at a time\n";
+  if (cfg.engine.set) {  // upstream InferenceEngineConfig: its max_seqs bounds the batch; the rest is not used
+    const YAML::Node e = YAML::Load(cfg.engine.yaml);
+    if (e.IsMap() && e["max_seqs"]) {
+      try {
+        job.max_seqs = e["max_seqs"].as<std::int64_t>();
+      } catch (const YAML::Exception&) {
+        throw config::config_error(cfg.engine.where + ": engine.max_seqs must be an integer");
+      }
+      if (job.max_seqs <= 0) throw config::config_error(cfg.engine.where + ": engine.max_seqs must be positive");
+    }
+    out << "sample_lm: continuations decode in batches of up to " << job.max_seqs
+        << " (engine.max_seqs); the engine's other keys (the paged cache's sizes) are read but not used\n";
+  }
   for (std::size_t i = 0; i < job.prompts.size(); ++i)
     out << "Prompt " << i << ": " << cfg.prompts[i] << " (" << job.prompts[i].size() << " tokens)\n";
   return with_model(job.model, [&]<class M>(std::type_identity<M>, const auto&) { return run_sample_lm_with<M>(job, out); });

@@ -100,6 +100,16 @@ class decoder {
   bool done_ = false;
 };
 
+/// Generates a continuation of every prompt (prompts[i] with options[i]) as one batch: each prompt is prefilled on
+/// its own, then every step decodes all running sequences (at most `max_batch`) in one forward pass over a cache
+/// whose rows are at different lengths; a finished sequence leaves and the next prompt joins. Each result is what
+/// generate() makes of that prompt alone, bit for bit (`logits` must be make_logits_fn's, whose rows do not depend
+/// on each other). `positions`: the model's seq_len. Throws std::invalid_argument for an empty prompt, one longer
+/// than `positions`, or options and prompts of different counts.
+std::vector<generation> generate_batch(const logits_fn& logits, std::int64_t positions,
+                                       const std::vector<std::vector<std::int32_t>>& prompts,
+                                       const std::vector<sampling_options>& options, std::int64_t max_batch);
+
 /// The logits_fn of `model`: its forward pass over the rows with the cache, then the LM head on the last position.
 /// The model and config are referenced, not copied: they must outlive the function.
 template <LmModel M>

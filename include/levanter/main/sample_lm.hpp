@@ -12,8 +12,9 @@
 // sequence (its tokens, whole), and the rounds repeat the prompts (upstream times them). Generation i of prompt p in
 // round r draws with the seed mixed from (seed, r, p, i), so every continuation is reproducible alone.
 //
-// upstream's `engine` section (the paged cache's sizes) is read and reported, not used: generation runs one
-// sequence at a time (docs/generation.md). `trainer` is accepted for its `mp`, which is not applied (f32).
+// A round's continuations decode as one batch of at most `engine.max_seqs` (upstream InferenceEngineConfig's, default
+// 16) sequences of different lengths (generate_batch), each equal to its continuation alone; the rest of the engine
+// section is read and not used (docs/generation.md). `trainer` is accepted for its `mp`, which is not applied (f32).
 #pragma once
 
 #include <chrono>
@@ -66,7 +67,7 @@ struct levanter::config::schema<levanter::SampleLmConfig> {
       field("trainer", &T::trainer, "trainer section (accepted for upstream compatibility; generation runs in f32)"),
       field("model", &T::model, "model config (default: the checkpoint's config.yaml, or config.json of hf_checkpoint)"),
       field("tokenizer", &T::tokenizer, "tokenizer: a local tokenizer.json or its directory, byte or passthrough (default: the checkpoint's data.tokenizer, or hf_checkpoint's tokenizer.json)"),
-      field("engine", &T::engine, "upstream's paged-cache sizes (InferenceEngineConfig): read and reported, not used (one sequence at a time)"),
+      field("engine", &T::engine, "upstream's InferenceEngineConfig: max_seqs (16) continuations decode as one batch; the rest is read, not used"),
       field("prompts", &T::prompts, "prompts to continue"),
       field("stop_sequence", &T::stop_sequence, "text whose tokens end a continuation (null: none)"),
       field("max_new_tokens", &T::max_new_tokens, "most tokens generated per continuation"),
@@ -114,6 +115,7 @@ struct sample_job : model_source {
   const SampleLmConfig* cfg = nullptr;
   std::vector<std::vector<std::int32_t>> prompts;
   std::vector<std::int32_t> stop;  ///< the stop sequence's tokens (empty: none)
+  std::int64_t max_seqs = 16;      ///< continuations decoded as one batch (engine.max_seqs)
 };
 
 /// The source's model section as config type C (the type it was dispatched on).
@@ -174,17 +176,27 @@ template <LmModel M>
 std::vector<sample> sample_all(const M& model, const typename M::config_type& cfg, const sample_job& job,
                                std::ostream& out) {
   std::vector<sample> all;
+  const auto logits = make_logits_fn(model, cfg);
   for (std::int64_t r = 0; r < job.cfg->n_rounds; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     std::int64_t tokens = 0;
+    std::vector<sample> round;
+    std::vector<std::vector<std::int32_t>> prompts;
+    std::vector<sampling_options> options;
     for (std::size_t p = 0; p < job.prompts.size(); ++p)
       for (std::int64_t i = 0; i < job.cfg->n_generations; ++i) {
-        sample s{r, static_cast<std::int64_t>(p), i, {}, {}};
-        s.gen = generate(model, cfg, job.prompts[p], sample_options(*job.cfg, job.stop, r, s.prompt, i));
-        tokens += static_cast<std::int64_t>(s.gen.tokens.size());
-        s.text = print_sample(job, s, out);
-        all.push_back(std::move(s));
+        round.push_back(sample{r, static_cast<std::int64_t>(p), i, {}, {}});
+        prompts.push_back(job.prompts[p]);
+        options.push_back(sample_options(*job.cfg, job.stop, r, static_cast<std::int64_t>(p), i));
       }
+    auto gens = generate_batch(logits, cfg.seq_len, prompts, options, job.max_seqs);
+    for (std::size_t k = 0; k < round.size(); ++k) {
+      auto& s = round[k];
+      s.gen = std::move(gens[k]);
+      tokens += static_cast<std::int64_t>(s.gen.tokens.size());
+      s.text = print_sample(job, s, out);
+      all.push_back(std::move(s));
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out << "Round " << r << " took " << secs << " seconds, " << tokens << " tokens ("
         << (secs > 0 ? static_cast<double>(tokens) / secs : 0.0) << " tokens/s)\n";
