@@ -222,6 +222,20 @@ void mixed_lengths_equal_alone(const imported<M>& m) {
       ++at[r];
     }
   }
+  // What append() returns views the cache's buffer with exactly the row's positions: a copy of it is a plain array.
+  {
+    levanter::kv_cache c = batch;
+    auto& row = c.rows.front();
+    const auto len = row.length;
+    row.appended = 0;
+    const auto k1 = hax::zeros<float>(1 * Batch, 1 * levanter::KeyPos, row.k[0].size(levanter::Heads) * levanter::Heads,
+                                      row.k[0].size(levanter::HeadSize) * levanter::HeadSize);
+    const auto appended = c.append(0, 0, k1, k1);
+    const auto& kv = appended.first;
+    CHECK(kv.size(levanter::KeyPos) == len + 1);
+    CHECK(hax::copy(kv).to_host() == kv.to_host());
+    CHECK(static_cast<std::int64_t>(kv.view().extent(0)) == kv.element_count());
+  }
   // A copy of a cache owns its keys: decoding the copy leaves the original's next step unchanged.
   levanter::kv_cache copy = batch;
   std::vector<std::int32_t> ids(live.size(), 1);

@@ -103,7 +103,10 @@ std::pair<kv_array, kv_array> kv_cache::append(std::int64_t r, std::int64_t laye
   Kokkos::deep_copy(Kokkos::subview(kb.view(), at), Kokkos::subview(k_new.view(), from));
   Kokkos::deep_copy(Kokkos::subview(vb.view(), at), Kokkos::subview(v_new.view(), from));
   ++s.appended;
-  return {kv_array(kb.view(), {1, L + n, H, D}, kb), kv_array(vb.view(), {1, L + n, H, D}, vb)};
+  // Views of exactly the row's positions (an array's buffer is as long as its elements: haliax::copy relies on it).
+  const range held(0, static_cast<std::size_t>(L + n) * row);
+  return {kv_array(Kokkos::subview(kb.view(), held), {1, L + n, H, D}, kb),
+          kv_array(Kokkos::subview(vb.view(), held), {1, L + n, H, D}, vb)};
 }
 
 void kv_cache::advance(std::int64_t n) {
