@@ -8,6 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <haliax/autodiff.hpp>
+#include <haliax/nn/dropout.hpp>
+#include <haliax/ops/layout.hpp>
 #include <levanter/compat/safetensors.hpp>
 #include <levanter/io/atomic_file.hpp>
 
@@ -20,10 +23,6 @@ void validate(config::validator& v, const LoraConfig& c, const std::string& pref
                                    std::to_string(c.alpha));
   if (!std::isfinite(c.dropout) || c.dropout < 0 || c.dropout >= 1)
     v.error(prefix + ".dropout", "must be in [0, 1), got " + std::to_string(c.dropout));
-  else if (c.dropout != 0)
-    v.refuse(prefix + ".dropout", "dropout on the LoRA adapters is not supported",
-             "set it to 0: the adapters act through the merged weight W + alpha/r B.A, where there is no adapter "
-             "input to drop");
   if (c.target_modules) {
     if (const auto* re = std::get_if<std::string>(&*c.target_modules)) {
       try {
@@ -63,6 +62,87 @@ params init(const spec& s, hax::random::key key) {
     p.adapters.push_back(std::move(a));
   }
   return p;
+}
+
+hax::random::key dropout_key(hax::random::key k, std::size_t target, std::int64_t layer) {
+  // a stream of its own: the models' own dropout folds small indices into the same key
+  const auto lora = hax::random::fold_in(k, 0x6c6f7261u);  // "lora"
+  return hax::random::fold_in(hax::random::fold_in(lora, static_cast<std::uint32_t>(target)),
+                              static_cast<std::uint32_t>(layer));
+}
+
+namespace {
+
+class adapter_dropout final : public hax::nn::linear_side {
+ public:
+  adapter_dropout(std::vector<weight_range> ranges, params p, spec s, double dropout, hax::random::key key,
+                  std::shared_ptr<std::vector<std::int64_t>> applied)
+      : ranges_(std::move(ranges)), p_(std::move(p)), s_(std::move(s)), dropout_(dropout), key_(key),
+        applied_(std::move(applied)) {
+    if (ranges_.size() != s_.targets.size() || p_.adapters.size() != s_.targets.size())
+      throw std::invalid_argument("lora::dropout_side: weights, adapters and targets differ in number");
+    for (const auto& a : p_.adapters) {  // per layer views (one gradient node per array, however many are used)
+      a_.push_back(hax::unbind(a.lora_A, LoraLayers));
+      b_.push_back(hax::unbind(a.lora_B, LoraLayers));
+    }
+  }
+
+  std::optional<hax::named_array<float, hax::axes<hax::nn::SideRows, hax::nn::SideOut>>> apply(
+      const float* weight, const hax::named_array<float, hax::axes<hax::nn::SideRows, hax::nn::SideIn>>& x)
+      const override {
+    for (std::size_t t = 0; t < ranges_.size(); ++t) {
+      const weight_range& r = ranges_[t];
+      // addresses as integers: `weight` may point into another array
+      const auto at = reinterpret_cast<std::uintptr_t>(weight), begin = reinterpret_cast<std::uintptr_t>(r.data);
+      const auto bytes = static_cast<std::uintptr_t>(r.per_layer) * sizeof(float);
+      if (at < begin || at >= begin + bytes * static_cast<std::uintptr_t>(r.layers) || (at - begin) % bytes != 0)
+        continue;
+      const auto layer = static_cast<std::int64_t>((at - begin) / bytes);
+      const target& tg = s_.targets[t];
+      if (x.sizes()[1] != tg.in)
+        throw hax::shape_error("lora: the Linear '" + tg.module + "' was applied to " + x.shape_string() + " where its "
+                               "adapter takes " + std::to_string(tg.in) + " inputs");
+      if (applied_) ++(*applied_)[t];
+      const std::int64_t rows = x.sizes()[0];
+      auto xl = hax::detail::layout::reinterpret<hax::axes<hax::nn::SideRows, LoraIn>>(x, {rows, tg.in});
+      // W' x with W' = W + scale B.A is already the Linear's output: add scale B.A (dropout(x) - x)
+      auto delta = hax::subtract(hax::nn::Dropout{dropout_}(xl, dropout_key(key_, t, layer)), xl);
+      const auto ul = static_cast<std::size_t>(layer);
+      auto h = hax::dot<hax::axes<hax::nn::SideRows, R>>(delta, a_[t][ul], LoraIn);
+      auto z = hax::multiply(hax::dot<hax::axes<hax::nn::SideRows, LoraOut>>(h, b_[t][ul], R),
+                             static_cast<float>(s_.scale));
+      return hax::detail::layout::reinterpret<hax::axes<hax::nn::SideRows, hax::nn::SideOut>>(z, {rows, tg.out});
+    }
+    return std::nullopt;
+  }
+
+  std::shared_ptr<const hax::ambient> rebound(std::uint64_t outer,
+                                              std::vector<std::function<void()>>& transfers) const override {
+    params p = p_;
+    hax::detail::ad::rebind_leaves(p, outer, transfers);
+    return std::make_shared<adapter_dropout>(ranges_, std::move(p), s_, dropout_, key_, applied_);
+  }
+
+ private:
+  std::vector<weight_range> ranges_;
+  params p_;
+  spec s_;
+  double dropout_;
+  hax::random::key key_;
+  std::shared_ptr<std::vector<std::int64_t>> applied_;
+  std::vector<std::vector<hax::named_array<float, hax::axes<R, LoraIn>>>> a_;
+  std::vector<std::vector<hax::named_array<float, hax::axes<LoraOut, R>>>> b_;
+};
+
+}  // namespace
+
+std::shared_ptr<const hax::nn::linear_side> dropout_side(std::vector<weight_range> ranges, const params& p,
+                                                         const spec& s, double dropout, hax::random::key key,
+                                                         std::shared_ptr<std::vector<std::int64_t>> applied) {
+  if (!std::isfinite(dropout) || dropout <= 0 || dropout >= 1)
+    throw std::invalid_argument("lora::dropout_side: dropout must be in (0, 1), got " + std::to_string(dropout));
+  if (applied) applied->assign(s.targets.size(), 0);
+  return std::make_shared<adapter_dropout>(std::move(ranges), p, s, dropout, key, std::move(applied));
 }
 
 std::int64_t parameter_count(const spec& s) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lora_lm end to end on the tiny Hugging Face goldens: the adapters train (the loss falls), checkpoints hold only
 # the adapters, a run stopped at step 10 and resumed equals one run straight through bit for bit (losses and the
-# PEFT file), GPT-2's Conv1D layers train and export, data parallel and FSDP on 2 ranks equal one process bit for
+# PEFT file), with and without dropout on the adapters, GPT-2's Conv1D layers train and export, data parallel and FSDP on 2 ranks equal one process bit for
 # bit, upstream's LoRA configs resolve with local data or are refused naming the key, and users' mistakes are
 # refused with their key. With a Python that has torch, transformers and peft, tests/oracle/check_lora_peft.py loads
 # the PEFT exports with peft on the base model (logits within 1e-4 of the merged export, which is base + B.A*alpha/r).
@@ -74,6 +74,23 @@ grep -q "resumed from .*ckpt/b/step-10 at step 10" b.out || { cat b.out; fail "t
 cmp peft/a/step-19/adapter_model.safetensors peft/b/step-19/adapter_model.safetensors ||
   fail "the resumed run's adapters differ from the straight-through run's"
 
+# Dropout on the adapters' input (upstream's LoraLinear), through the layers gradient checkpointing recomputes: the
+# loss falls, training differs from the run without dropout, and a run resumed at step 10 equals it bit for bit.
+"$lora_lm" lora.yaml --trainer.id d --lora.dropout 0.1 > d.out 2>&1 || { cat d.out; fail "lora_lm with dropout failed"; }
+dfinal=$(summary d final_loss)
+grep -q "lora.dropout 0.1 acts on 7 of 8 adapters; not on lm_head" d.out ||
+  { cat d.out; fail "lora_lm did not say which adapters the dropout reaches (all but the LM head)"; }
+awk -v f="$(summary d first_loss)" -v l="$dfinal" 'BEGIN { exit !(l < f - 1.0) }' ||
+  fail "with dropout the loss did not fall: $(summary d first_loss) -> $dfinal"
+[ "$dfinal" != "$final" ] || fail "lora.dropout 0.1 trained exactly as without dropout ($final)"
+grep -q '"lora_dropout": 0.1' peft/d/step-19/adapter_config.json || fail "the PEFT config lacks lora_dropout 0.1"
+mkdir -p ckpt/d2 && cp -r ckpt/d/step-10 ckpt/d2/
+"$lora_lm" lora.yaml --trainer.id d2 --lora.dropout 0.1 > d2.out 2>&1 || { cat d2.out; fail "lora_lm with dropout (resumed) failed"; }
+grep -q "resumed from .*ckpt/d2/step-10 at step 10" d2.out || { cat d2.out; fail "the dropout run did not resume at step 10"; }
+[ "$(summary d2 final_loss)" = "$dfinal" ] || fail "with dropout, resumed final loss $(summary d2 final_loss) != $dfinal"
+cmp peft/d/step-19/adapter_model.safetensors peft/d2/step-19/adapter_model.safetensors ||
+  fail "with dropout, the resumed run's adapters differ from the straight-through run's"
+
 # GPT-2 (Conv1D weights {in, out}: PEFT's fan_in_fan_out).
 vocab=$(tr -d ' \n' < "$golden/hf_gpt2_tiny/config.json" | grep -o '"vocab_size":[0-9]*' | cut -d: -f2)
 "$lora_lm" lora.yaml --trainer.id g --initialize_from_hf "$golden/hf_gpt2_tiny" --max_train_length 16 \
@@ -89,12 +106,18 @@ if [ "$mpiexec" != - ] && command -v "$mpiexec" > /dev/null; then
   grep -q "FSDP" f2.out || { cat f2.out; fail "the 2-rank run did not shard the adapters (FSDP)"; }
   HALIAX_NUM_THREADS=1 "${mpi[@]}" "$lora_lm" lora.yaml --trainer.id z2 --trainer.shard_parameters false > z2.out 2>&1 ||
     { cat z2.out; fail "lora_lm with ZeRO-1 on 2 ranks failed"; }
+  HALIAX_NUM_THREADS=1 "${mpi[@]}" "$lora_lm" lora.yaml --trainer.id fd2 --lora.dropout 0.1 > fd2.out 2>&1 ||
+    { cat fd2.out; fail "lora_lm with dropout and FSDP on 2 ranks failed"; }
   for r in f2 z2; do
     [ "$(summary $r final_loss)" = "$final" ] || fail "$r: final loss $(summary $r final_loss) != one process's $final"
     cmp peft/a/step-19/adapter_model.safetensors peft/$r/step-19/adapter_model.safetensors ||
       fail "$r: the adapters differ from one process's"
   done
-  echo "lora_lm: 2 ranks (FSDP, ZeRO-1) equal one process bit for bit"
+  # every micro-batch draws its masks from its index in the global batch, whichever rank computes it
+  [ "$(summary fd2 final_loss)" = "$dfinal" ] || fail "fd2: final loss $(summary fd2 final_loss) != one process's $dfinal"
+  cmp peft/d/step-19/adapter_model.safetensors peft/fd2/step-19/adapter_model.safetensors ||
+    fail "fd2: with dropout, the adapters differ from one process's"
+  echo "lora_lm: 2 ranks (FSDP, ZeRO-1, FSDP with dropout) equal one process bit for bit"
 fi
 
 # The real peft on the exports.
@@ -103,7 +126,9 @@ if [ "$python" != - ]; then
     { cat peft_llama.out; fail "peft check (Llama) failed"; }
   "$python" "$oracle" "$golden/hf_gpt2_tiny" peft/g/step-19 merged/g/step-19 > peft_gpt2.out 2>&1 ||
     { cat peft_gpt2.out; fail "peft check (GPT-2) failed"; }
-  grep -h "PEFT logits" peft_llama.out peft_gpt2.out
+  "$python" "$oracle" "$golden/hf_llama/llama_mha" peft/d/step-19 merged/d/step-19 > peft_dropout.out 2>&1 ||
+    { cat peft_dropout.out; fail "peft check (Llama trained with dropout) failed"; }
+  grep -h "PEFT logits" peft_llama.out peft_gpt2.out peft_dropout.out
 fi
 
 # Upstream's LoRA configs: with a local model and data they resolve, or are refused naming the key.
@@ -121,7 +146,7 @@ expect_fail 2 "lora.target_modules matches none of the model's Linear modules" \
 
 # Users' mistakes.
 expect_fail 2 "initialize_from_hf.*required" "$lora_lm" --data.train_urls '["train_ids.jsonl"]'
-expect_fail 2 "lora.dropout.*not supported" "$lora_lm" lora.yaml --lora.dropout 0.1
+expect_fail 2 "lora.dropout.*must be in \[0, 1)" "$lora_lm" lora.yaml --lora.dropout 1
 expect_fail 2 "lora.r" "$lora_lm" lora.yaml --lora.r 0
 expect_fail 2 "lora.target_modules.*not a valid regular expression" "$lora_lm" lora.yaml --lora.target_modules '"q_proj("'
 expect_fail 2 "peft_hf_upload.*not supported" "$lora_lm" lora.yaml --peft_hf_upload someone/repo

@@ -73,12 +73,9 @@ lm_example example(std::int64_t vocab, std::int64_t n) {
   return lm_example::causal(hax::from_host<std::int32_t>(ids, 2 * Batch, n * Pos), -1);
 }
 
-// Central differences on a few elements of every adapter against haliax's gradient of the loss.
-template <class M>
-void check_gradient(const imported<M>& m, const lora::spec& s, std::int64_t n) {
-  const auto ex = example(m.model.vocab_size(), n);
-  auto loss = [&](const lora::params& p) { return compute_next_token_loss(lora::merged(m.model, p, s), m.cfg, ex); };
-  auto p = with_random_b(s, 3);
+// Central differences on a few elements of every adapter against haliax's gradient of `loss` at `p`.
+template <class Loss>
+void check_gradient_of(Loss loss, const lora::params& p, const lora::spec& s) {
   const auto [value, g] = hax::value_and_grad(loss)(p);
   CHECK(std::isfinite(value.item()));
   std::int64_t checked = 0, sizable = 0;  // sizable: gradients well above the tolerance (the check means something)
@@ -115,6 +112,70 @@ void check_gradient(const imported<M>& m, const lora::spec& s, std::int64_t n) {
   }
   CHECK(checked == static_cast<std::int64_t>(6 * p.adapters.size()));
   CHECK(sizable * 2 > checked);
+}
+
+template <class M>
+void check_gradient(const imported<M>& m, const lora::spec& s, std::int64_t n) {
+  const auto ex = example(m.model.vocab_size(), n);
+  auto loss = [&](const lora::params& p) { return compute_next_token_loss(lora::merged(m.model, p, s), m.cfg, ex); };
+  check_gradient_of(loss, with_random_b(s, 3), s);
+}
+
+// The training loss with dropout on the adapters' input, as lora_lm computes it.
+template <class M>
+auto dropout_loss(const imported<M>& m, const lora::spec& s, const lm_example& ex, double dropout,
+                  hax::random::key key, hax::nn::checkpoint_policy policy,
+                  std::shared_ptr<std::vector<std::int64_t>> applied = nullptr) {
+  return [&m, &s, &ex, dropout, key, policy, applied](const lora::params& p) {
+    const auto mm = lora::merged(m.model, p, s);
+    forward_options fo;
+    fo.inference = false;
+    fo.key = key;
+    fo.checkpointing = policy;
+    hax::ambient_scope adapters(lora::dropout_side(lora::adapted_weights(mm, s), p, s, dropout, key, applied));
+    return compute_next_token_loss(mm, m.cfg, ex, 0.0, fo);
+  };
+}
+
+// With dropout: finite differences, the same loss and gradient with each layer recomputed in backward (gradient
+// checkpointing, where the scope that set the adapters has ended), and the number of times each adapter ran.
+template <class M>
+void check_dropout_gradient(const imported<M>& m, const lora::spec& s, std::int64_t n, std::int64_t unapplied) {
+  const auto ex = example(m.model.vocab_size(), n);
+  const auto key = hax::random::make_key(21);
+  const auto p = with_random_b(s, 3);
+  auto plain = std::make_shared<std::vector<std::int64_t>>(), remat = std::make_shared<std::vector<std::int64_t>>();
+  check_gradient_of(dropout_loss(m, s, ex, 0.3, key, hax::nn::checkpoint_policy::none, plain), p, s);
+  plain->assign(s.targets.size(), 0);
+  const auto [v1, g1] = hax::value_and_grad(dropout_loss(m, s, ex, 0.3, key, hax::nn::checkpoint_policy::none, plain))(p);
+  const auto [v2, g2] =
+      hax::value_and_grad(dropout_loss(m, s, ex, 0.3, key, hax::nn::checkpoint_policy::per_layer, remat))(p);
+  CHECK(v1.item() == v2.item());
+  double worst = 0;
+  hax::tree::zip_leaves(g1, g2, [&](const std::string&, const auto& a, const auto& b) {
+    const auto ha = a.to_host(), hb = b.to_host();
+    for (std::size_t i = 0; i < ha.size(); ++i) worst = std::max(worst, double(std::abs(ha[i] - hb[i])));
+  });
+  CHECK(worst < 1e-6);
+  std::int64_t zero = 0;
+  for (std::size_t t = 0; t < s.targets.size(); ++t) {
+    INFO(s.targets[t].module << ": applied " << (*plain)[t] << " times, " << (*remat)[t] << " with recomputation");
+    if ((*plain)[t] == 0) {
+      ++zero;
+      CHECK((*remat)[t] == 0);
+    } else {
+      CHECK((*plain)[t] == s.targets[t].layers);  // once per layer
+      CHECK((*remat)[t] == 2 * s.targets[t].layers);  // and again when recomputed
+    }
+  }
+  CHECK(zero == unapplied);
+  // dropout acts: not the loss without it, and another key draws other masks
+  hax::no_grad_guard ng;
+  const double none = compute_next_token_loss(lora::merged(m.model, p, s), m.cfg, ex).item();
+  const double other =
+      dropout_loss(m, s, ex, 0.3, hax::random::make_key(22), hax::nn::checkpoint_policy::none)(p).item();
+  CHECK(v1.item() != none);
+  CHECK(other != v1.item());
 }
 
 }  // namespace
@@ -213,4 +274,66 @@ TEST_CASE("lora: PEFT files name torch modules, per layer, with lora_A {r, in} a
   CHECK(j["fan_in_fan_out"] == true);
   CHECK(j["target_modules"] == nlohmann::json::array({"attn.c_attn"}));
   fs::remove_all(dir);
+}
+
+TEST_CASE("lora: with dropout, an adapted Linear adds alpha/r B.A.dropout(x) to W.x, as upstream's LoraLinear") {
+  const auto m = import_dir<llama::LMHeadModel>("hf_llama/llama_mha", LlamaConfig{});
+  const auto s = lora::make_spec(m.model, lora_config(std::vector<std::string>{"q_proj", "down_proj", "lm_head"}, 4, 12.0));
+  const auto p = with_random_b(s, 7);
+  hax::no_grad_guard ng;
+  const auto mm = lora::merged(m.model, p, s);
+  const auto key = hax::random::make_key(11);
+  auto applied = std::make_shared<std::vector<std::int64_t>>();
+  const auto side = lora::dropout_side(lora::adapted_weights(mm, s), p, s, 0.25, key, applied);
+  const auto x = hax::random::normal(hax::random::make_key(12), 2 * Batch, 3 * Pos, 32 * Embed);
+  const auto layers = mm.transformer.layers.unstack();
+  const auto base_layers = m.model.transformer.layers.unstack();
+  const auto merged_only = layers[1].self_attn.q_proj(x).to_host();
+  const auto k_alone = layers[1].self_attn.k_proj(x).to_host();
+  std::vector<float> y, k_with;
+  {
+    hax::ambient_scope scope(side);
+    y = layers[1].self_attn.q_proj(x).to_host();
+    k_with = layers[1].self_attn.k_proj(x).to_host();
+  }
+  CHECK(k_with == k_alone);  // k_proj is not adapted
+  CHECK(*applied == std::vector<std::int64_t>{1, 0, 0});
+  CHECK_THROWS_AS(lora::dropout_side(lora::adapted_weights(mm, s), p, s, 0.0, key), std::invalid_argument);
+  // upstream: W x + scale B A dropout(x), the mask drawn from dropout_key(key, target 0, layer 1) over {rows, in}
+  const auto dropped = hax::nn::Dropout{0.25}(hax::detail::layout::reinterpret<hax::axes<hax::nn::SideRows, lora::LoraIn>>(
+                                                   x, {6, 32}),
+                                               lora::dropout_key(key, 0, 1))
+                           .to_host();
+  const auto w = base_layers[1].self_attn.q_proj.weight.to_host();  // {out, in}
+  const auto a = p.adapters[0].lora_A.to_host(), b = p.adapters[0].lora_B.to_host();
+  const auto xh = x.to_host();
+  REQUIRE(y.size() == 6 * 32);
+  double worst = 0, moved = 0;
+  std::int64_t zeros = 0;
+  for (float d : dropped) zeros += d == 0.0f;
+  for (std::int64_t row = 0; row < 6; ++row)
+    for (std::int64_t o = 0; o < 32; ++o) {
+      double wx = 0, bad = 0;
+      for (std::int64_t i = 0; i < 32; ++i) wx += double(w[o * 32 + i]) * xh[row * 32 + i];
+      for (std::int64_t k = 0; k < 4; ++k) {
+        double ad = 0;
+        for (std::int64_t i = 0; i < 32; ++i) ad += double(a[(1 * 4 + k) * 32 + i]) * dropped[row * 32 + i];
+        bad += double(b[(1 * 32 + o) * 4 + k]) * ad;
+      }
+      const std::size_t at = static_cast<std::size_t>(row * 32 + o);
+      worst = std::max(worst, std::abs(double(y[at]) - (wx + 3.0 * bad)));
+      moved = std::max(moved, std::abs(double(y[at]) - merged_only[at]));
+    }
+  CHECK(worst < 1e-4);
+  CHECK(moved > 1e-2);  // the dropout changed the output
+  CHECK(zeros > 192 / 8);
+  CHECK(zeros < 192 / 2);
+}
+
+TEST_CASE("lora: with dropout the gradient reaches A and B, with or without recomputing layers (Llama, GPT-2)") {
+  const auto m = import_dir<llama::LMHeadModel>("hf_llama/llama_mha", LlamaConfig{});
+  // the LM head is read as a matrix by the loss, not applied as a Linear: it keeps the merged form
+  check_dropout_gradient(m, lora::make_spec(m.model, lora_config(std::vector<std::string>{"q_proj", "o_proj", "down_proj", "lm_head"})), 8, 1);
+  const auto g = import_dir<gpt2::LMHeadModel>("hf_gpt2_tiny", Gpt2Config{});
+  check_dropout_gradient(g, lora::make_spec(g.model, lora_config(std::vector<std::string>{"c_attn", "mlp.c_proj"})), 8, 0);
 }

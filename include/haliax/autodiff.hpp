@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "ambient.hpp"
 #include "core.hpp"
 #include "detail/ad.hpp"
 #include "detail/profile.hpp"
@@ -197,7 +198,8 @@ void rebind_leaves(X& x, std::uint64_t outer, std::vector<std::function<void()>>
 /// `checkpoint(f)(args...)` computes `f(args...)` (which returns one float array) without keeping anything
 /// of its inside for the backward pass: only the arguments are saved, and backward recomputes `f` under its
 /// own tape. The values and gradients are identical to those of `f`; peak memory falls by everything `f`
-/// would have saved. Upstream `gradient_checkpointing: true` is `checkpoint` around each layer.
+/// would have saved. Upstream `gradient_checkpointing: true` is `checkpoint` around each layer. The ambient value in
+/// force (ambient.hpp) is saved too, and the recomputation runs with its rebound copy in force.
 /// `f` must be deterministic (randomness from keys, as everywhere in haliax).
 template <class F>
 auto checkpoint(F f) {
@@ -208,17 +210,19 @@ auto checkpoint(F f) {
     if (detail::ad::recording()) (detail::ad::collect_outer_tracked(args, any), ...);
     if (!any) return f(args...);
     const std::uint64_t outer = detail::ad::thread_state().current->id;
+    std::shared_ptr<const ambient> amb = current_ambient();  // what f reads besides its arguments (ambient.hpp)
     Out out;
     {
       detail::ad::pause_guard pause;
       out = f(args...);
     }
     if constexpr (FloatElement<typename Out::value_type>) {
-      detail::ad::record_custom(out, [f, outer, saved = std::make_tuple(args...)](const Out& g) {
+      detail::ad::record_custom(out, [f, outer, amb, saved = std::make_tuple(args...)](const Out& g) {
         detail::ad::tape_scope inner;
         auto copies = saved;
         std::vector<std::function<void()>> transfers;
         std::apply([&](auto&... a) { (detail::ad::rebind_leaves(a, outer, transfers), ...); }, copies);
+        ambient_scope in_force(amb ? amb->rebound(outer, transfers) : nullptr);
         auto y = std::apply(f, copies);
         detail::ad::backward(inner.t, y, g);
         for (auto& t : transfers) t();

@@ -18,14 +18,17 @@
 // `transformer.layers.stacked.self_attn.q_proj`): none given, every Linear; a list, those whose path ends with an
 // entry; a string, a regular expression matched at the start of the path (Python's re.match).
 //
-// Differences from upstream, on purpose: B starts at zero (PEFT's and the paper's initialisation, so step 0 is the
+// With `dropout` > 0 a training forward also runs the adapters beside each Linear call, on the Linear's input with
+// dropout (upstream's LoraLinear): `dropout_side`, in force as the thread's ambient value.
+//
+// A difference from upstream, on purpose: B starts at zero (PEFT's and the paper's initialisation, so step 0 is the
 // model being adapted; upstream draws B as a Linear's weight, which moves a pretrained model by about as much as its
-// own weights at step 0); `dropout` must be 0 (the adapters act through the merged weight, where dropout on the
-// adapter's input has no place).
+// own weights at step 0).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -71,7 +74,7 @@ struct levanter::config::schema<levanter::LoraConfig> {
             "a regular expression matched at the start of the path"),
       field("r", &T::r, "rank of the adapters"),
       field("alpha", &T::alpha, "scale: the adapter adds alpha / r * B.A to the weight"),
-      field("dropout", &T::dropout, "dropout on the adapters' input (only 0 is supported)"));
+      field("dropout", &T::dropout, "dropout on the adapters' input in training"));
 };
 
 namespace levanter::lora {
@@ -169,18 +172,6 @@ void visit_linears(M& m, const std::string& prefix, F& f) {
   }
 }
 
-/// `x` read as an array of axes AxR with sizes `s` (the same elements in the same order); the gradient is read back.
-template <class AxR, class T, class AxX>
-hax::named_array<T, AxR> reinterpret(const hax::named_array<T, AxX>& x, const std::array<std::int64_t, AxR::rank>& s) {
-  auto r = hax::detail::layout::relabel<AxR>(x, s);
-  hax::detail::layout::record_grad(
-      r, [xs = x.sizes()](const hax::named_array<T, AxR>& g, auto) {
-        return std::tuple{hax::detail::layout::relabel<AxX>(g, xs)};
-      },
-      x);
-  return r;
-}
-
 }  // namespace detail
 
 /// The Linears of `model` that `c` adapts. Throws config::config_error when none matches (listing the model's).
@@ -238,11 +229,11 @@ M merged(const M& base, const params& p, const spec& s) {
       const float scale = static_cast<float>(s.scale);
       if constexpr (S::out_first) {
         auto d = hax::dot<hax::axes<LoraLayers, LoraOut, LoraIn>>(a.lora_B, a.lora_A, R);
-        lin.weight = hax::add(lin.weight, detail::reinterpret<typename W::axes_type>(hax::multiply(d, scale),
+        lin.weight = hax::add(lin.weight, hax::detail::layout::reinterpret<typename W::axes_type>(hax::multiply(d, scale),
                                                                                      lin.weight.sizes()));
       } else {
         auto d = hax::dot<hax::axes<LoraLayers, LoraIn, LoraOut>>(a.lora_B, a.lora_A, R);
-        lin.weight = hax::add(lin.weight, detail::reinterpret<typename W::axes_type>(hax::multiply(d, scale),
+        lin.weight = hax::add(lin.weight, hax::detail::layout::reinterpret<typename W::axes_type>(hax::multiply(d, scale),
                                                                                      lin.weight.sizes()));
       }
     }
@@ -252,6 +243,45 @@ M merged(const M& base, const params& p, const spec& s) {
     throw std::invalid_argument("lora::merged: the model has no Linear '" + s.targets[i].module + "'");
   return out;
 }
+
+/// Where an adapted Linear's weight lies in a model: a layer's view of it starts at `data + i * per_layer`.
+struct weight_range {
+  const float* data = nullptr;
+  std::int64_t per_layer = 0, layers = 1;
+};
+
+/// The adapted weights of `model` (targets of `s`, in order): what identifies them when they are applied.
+template <class M>
+std::vector<weight_range> adapted_weights(const M& model, const spec& s) {
+  std::vector<weight_range> out;
+  std::size_t i = 0;
+  auto visit = [&](const std::string& path, const auto& lin) {
+    using S = detail::linear_shape<std::remove_cvref_t<decltype(lin)>>;
+    if constexpr (S::is_float) {
+      if (i >= s.targets.size() || s.targets[i].module != path) return;
+      const std::int64_t layers = s.targets[i++].layers;
+      out.push_back({lin.weight.data(), lin.weight.element_count() / layers, layers});
+    }
+  };
+  detail::visit_linears(model, "", visit);
+  if (i != s.targets.size())
+    throw std::invalid_argument("lora::adapted_weights: the model has no Linear '" + s.targets[i].module + "'");
+  return out;
+}
+
+/// The key of target t's dropout mask in layer `layer`, from a forward pass's dropout key.
+hax::random::key dropout_key(hax::random::key k, std::size_t target, std::int64_t layer);
+
+/// The training forward's adapters with dropout (lora.dropout > 0), as upstream's LoraLinear: every adapted Linear
+/// adds scale · B·A·dropout(x) to W·x + b. In force as the thread's ambient value (haliax/ambient.hpp) over
+/// `merged(model, p, s)`, whose weights `ranges` locates (adapted_weights), it adds scale · B·A·(dropout(x) - x)
+/// beside each adapted Linear's merged weight, which is the same sum. Targets no Linear call applies (an LM head
+/// the loss reads as a matrix) keep the merged form, without dropout. Masks come from
+/// dropout_key(key, target, layer): a recomputation (gradient checkpointing) draws the same ones. `applied`, when
+/// given, counts each target's applications (a layer recomputed counts again).
+std::shared_ptr<const hax::nn::linear_side> dropout_side(std::vector<weight_range> ranges, const params& p,
+                                                         const spec& s, double dropout, hax::random::key key,
+                                                         std::shared_ptr<std::vector<std::int64_t>> applied = nullptr);
 
 /// Each target's Hugging Face module path in the torch model, "{i}" standing for the layer (M's hf_adapter's
 /// hf_name, after its `module_prefix` when it has one).

@@ -185,6 +185,24 @@ train_result train_lora(const lora_lm_plan& plan, const std::string& resolved_ya
     for (const auto& n : trainer.plan().notes) log("note: " + n);
   }
   if (!run.id_given()) log("to resume this run after an interruption, run it again with --trainer.id " + run.id());
+  if (part.dropout_applied) {  // after the first step: which adapters the dropout reaches
+    auto reported = std::make_shared<bool>(false);
+    trainer.add_hook(1, [&, reported](const step_info<lora::params>&) {
+      if (*reported) return;
+      *reported = true;
+      std::string merged_only;
+      std::size_t reached = 0;
+      for (std::size_t i = 0; i < part.spec.targets.size() && i < part.dropout_applied->size(); ++i) {
+        if ((*part.dropout_applied)[i] > 0) ++reached;
+        else merged_only += (merged_only.empty() ? "" : ", ") + part.spec.targets[i].module;
+      }
+      log("lora.dropout " + short_number(cfg.lora.dropout) + " acts on " + std::to_string(reached) + " of " +
+          std::to_string(part.spec.targets.size()) + " adapters" +
+          (merged_only.empty() ? std::string()
+                               : "; not on " + merged_only + " (read as a matrix, not applied as a Linear: its "
+                                 "adapter acts through the merged weight, without dropout)"));
+    }, false);
+  }
 
   std::optional<double> eval_loss;
   if (!data.validation_sets().empty()) {

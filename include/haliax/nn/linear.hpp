@@ -6,6 +6,11 @@
 //
 // `Pre` are leading axes the parameters carry when a module is stacked (`Stacked<Layers, Block>` stores every
 // layer's Linear with a leading Layers axis); a module is applied only without them (a layer's view).
+//
+// A `linear_side` in force as the thread's ambient value (ambient.hpp) adds its output to every float Linear it
+// recognises by its weight, as upstream's LoraLinear does beside the Linear it wraps (levanter/lora.hpp):
+//
+//   haliax::ambient_scope scope(side);             // y = x . W + b + side(x) for the Linears `side` knows
 #pragma once
 
 #include <string_view>
@@ -16,9 +21,11 @@
 #include <optional>
 #include <type_traits>
 
+#include "../ambient.hpp"
 #include "../core.hpp"
 #include "../ops/dot.hpp"
 #include "../ops/elementwise.hpp"
+#include "../ops/layout.hpp"
 #include "../random.hpp"
 #include "tensor_parallel.hpp"
 
@@ -32,6 +39,24 @@ concept LinearInput = HasAxes<Have, In> && LacksAxes<Have, Out>;
 
 template <class In, class Out, class Pre = axes<>, class T = float, bool OutFirst = false>
 struct Linear;
+
+/// The axes a linear_side sees: the Linear's input with its In axes flattened to side_in and all its other axes to
+/// side_rows (in order); it answers with side_out, the Out axes flattened.
+inline constexpr struct SideRows final : axis<"side_rows"> {
+} SideRows;
+inline constexpr struct SideIn final : axis<"side_in"> {
+} SideIn;
+inline constexpr struct SideOut final : axis<"side_out"> {
+} SideOut;
+
+/// A computation beside the float Linears applied on this thread while it is the ambient value.
+struct linear_side : ambient {
+  /// `weight`: the data of the applied Linear's weight (one layer's view of a stacked weight points into the stacked
+  /// buffer, at the layer's offset); `x` {side_rows, side_in}: its input. Returns {side_rows, side_out}, added to
+  /// the Linear's output after the bias, or nothing for a Linear the side does not touch.
+  virtual std::optional<named_array<float, axes<SideRows, SideOut>>> apply(
+      const float* weight, const named_array<float, axes<SideRows, SideIn>>& x) const = 0;
+};
 
 /// y = x . W + b, contracting the `In` axes of `x` with W's and producing the `Out` axes (upstream
 /// `haliax.nn.Linear`). Every other axis of `x` is kept. Parameters: `weight` {Pre..., In..., Out...} (GPT-2's
@@ -73,6 +98,17 @@ struct Linear<axes<I...>, axes<O...>, axes<P...>, T, OutFirst> {
   template <class AxX>
   requires(sizeof...(P) == 0) && LinearInput<axis_types_of<AxX>, in_types, out_types>
   auto operator()(const named_array<T, AxX>& x) const {
+    auto y = apply_weight(x);
+    if constexpr (std::is_same_v<T, float>) {
+      if (const auto& a = current_ambient())
+        if (const auto* side = dynamic_cast<const linear_side*>(a.get())) add_side(*side, x, y);
+    }
+    return y;
+  }
+
+ private:
+  template <class AxX>
+  auto apply_weight(const named_array<T, AxX>& x) const {
     if constexpr (std::is_same_v<T, float>) {
       // Tensor parallelism (tensor_parallel.hpp): column-parallel when an output axis is split, row-parallel when
       // an input axis is.
@@ -97,6 +133,21 @@ struct Linear<axes<I...>, axes<O...>, axes<P...>, T, OutFirst> {
     auto y = dot(x, weight, I...);
     if (bias) return add(y, *bias);
     return y;
+  }
+
+  // y += side(x), the input and the answer reshaped to and from the side's {side_rows, side_in / side_out}.
+  template <class AxX, class Y>
+  void add_side(const linear_side& side, const named_array<float, AxX>& x, Y& y) const {
+    auto xr = rearrange<axes<ellipsis, I...>>(x);  // x's own buffer when the In axes are already last
+    constexpr std::size_t n_in = sizeof...(I), rank = AxX::rank;
+    std::int64_t rows = 1, in = 1;
+    for (std::size_t d = 0; d < rank; ++d) (d + n_in < rank ? rows : in) *= xr.sizes()[d];
+    auto z = side.apply(weight.data(), haliax::detail::layout::reinterpret<axes<SideRows, SideIn>>(xr, {rows, in}));
+    if (!z) return;
+    if (z->sizes()[0] != rows || z->sizes()[1] * rows != y.element_count())
+      throw shape_error("haliax::nn::Linear: a linear_side answered " + z->shape_string() + " for an output " +
+                        y.shape_string());
+    y = add(y, haliax::detail::layout::reinterpret<typename Y::axes_type>(*z, y.sizes()));
   }
 };
 

@@ -285,6 +285,16 @@ named_array<T, AxX> relabel(const named_array<T, AxG>& g, const std::array<std::
   return named_array<T, AxX>(g.view(), s, g);
 }
 
+/// `x` read as an array of axes AxR with sizes `s` (the same elements in the same order, no copy); the gradient is
+/// read back the same way.
+template <class AxR, class T, class AxX>
+named_array<T, AxR> reinterpret(const named_array<T, AxX>& x, const std::array<std::int64_t, AxR::rank>& s) {
+  auto r = relabel<AxR>(x, s);
+  record_grad(
+      r, [xs = x.sizes()](const named_array<T, AxR>& g, auto) { return std::tuple{relabel<AxX>(g, xs)}; }, x);
+  return r;
+}
+
 // ---- rename -----------------------------------------------------------------------------------------
 
 template <class Olds, class News>

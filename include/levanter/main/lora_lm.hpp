@@ -21,6 +21,7 @@
 #include <ostream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <levanter/config/types.hpp>
 #include <levanter/config/validate.hpp>
@@ -71,6 +72,9 @@ struct lora_model_part {
   std::function<double(const lora::params&, const lm_example&)> eval_loss;
   std::function<void(const lora::params&, const std::string& dir)> save_peft;
   std::function<void(const lora::params&, const std::string& dir, const hf::token_ids&)> save_merged;
+  /// With lora.dropout > 0: how many times each adapter ran beside its Linear in the last training forward pass
+  /// (zero for one the model reads as a matrix, which keeps the merged form).
+  std::shared_ptr<std::vector<std::int64_t>> dropout_applied;
 };
 
 /// Trains the adapters of `part` as `plan` says (the run directory, data, Trainer, hooks and summary).
@@ -104,8 +108,16 @@ train_result run_lora_lm_with(const lora_lm_plan& plan, const typename M::config
                                    checkpoint_policy_of(mc), matmul_shapes_of(mc, d.vocab_size),
                                    recomputed_flops_per_token(mc, d.vocab_size)};
     const lora::spec spec = part.spec;
-    part.loss = [base, mc, spec](const lora::params& p, const lm_example& ex, const forward_options& fo) {
-      return compute_next_token_loss(lora::merged(*base, p, spec), mc, ex, 0.0, fo);
+    const double dropout = cfg.lora.dropout;
+    if (dropout > 0) part.dropout_applied = std::make_shared<std::vector<std::int64_t>>();
+    part.loss = [base, mc, spec, dropout, applied = part.dropout_applied](const lora::params& p, const lm_example& ex,
+                                                                         const forward_options& fo) {
+      const M m = lora::merged(*base, p, spec);
+      if (dropout == 0 || fo.inference) return compute_next_token_loss(m, mc, ex, 0.0, fo);
+      // the adapters beside each Linear call, on its input with dropout (upstream's LoraLinear)
+      haliax::ambient_scope adapters(
+          lora::dropout_side(lora::adapted_weights(m, spec), p, spec, dropout, fo.key, applied));
+      return compute_next_token_loss(m, mc, ex, 0.0, fo);
     };
     part.eval_loss = [base, mc, spec](const lora::params& p, const lm_example& ex) {
       haliax::no_grad_guard ng;
