@@ -105,6 +105,47 @@ TEST_CASE("checkpoint gives identical values and gradients") {
   CHECK(g1.b.item() == g2.b.item());
 }
 
+namespace {
+// A linear_side adding x . C beside every float Linear: C is read from the thread, not passed as an argument.
+struct add_xc final : hax::nn::linear_side {
+  named_array<float, axes<hax::nn::SideIn, hax::nn::SideOut>> c;
+  std::optional<named_array<float, axes<hax::nn::SideRows, hax::nn::SideOut>>> apply(
+      const float*, const named_array<float, axes<hax::nn::SideRows, hax::nn::SideIn>>& x) const override {
+    return hax::dot<axes<hax::nn::SideRows, hax::nn::SideOut>>(x, c, hax::nn::SideIn);
+  }
+  std::shared_ptr<const hax::ambient> rebound(std::uint64_t outer,
+                                              std::vector<std::function<void()>>& transfers) const override {
+    auto copy = std::make_shared<add_xc>(*this);
+    hax::detail::ad::rebind_leaves(copy->c, outer, transfers);
+    return copy;
+  }
+};
+}  // namespace
+
+TEST_CASE("checkpoint recomputes under the ambient value it first ran with (a linear_side's gradient survives)") {
+  using lin_t = hax::nn::Linear<axes<Embed>, axes<Mlp>>;
+  const auto lin = lin_t::init(hax::random::make_key(1), 4 * Embed, 3 * Mlp);
+  const auto x = hax::random::normal(hax::random::make_key(2), 5 * Batch, 4 * Embed);
+  const auto c0 = hax::random::normal(hax::random::make_key(3), 4 * hax::nn::SideIn, 3 * hax::nn::SideOut);
+  auto apply = [](const lin_t& l, const named_array<float, axes<Batch, Embed>>& h) { return l(h); };
+  // the scope ends when the loss returns: a checkpointed recomputation in backward runs after it
+  auto loss = [&](const named_array<float, axes<hax::nn::SideIn, hax::nn::SideOut>>& c, bool remat) {
+    auto side = std::make_shared<add_xc>();
+    side->c = c;
+    hax::ambient_scope scope(side);
+    auto y = remat ? hax::checkpoint(apply)(lin, x) : apply(lin, x);
+    return hax::sum(y * y);
+  };
+  auto [v1, g1] = hax::value_and_grad([&](const auto& c) { return loss(c, false); })(c0);
+  auto [v2, g2] = hax::value_and_grad([&](const auto& c) { return loss(c, true); })(c0);
+  CHECK(v1.item() == v2.item());
+  CHECK(g1.to_host() == g2.to_host());
+  CHECK(v1.item() != hax::sum(lin(x) * lin(x)).item());  // the side acted
+  // d/dC sum(y^2) = 2 x^T y, with y = x W + b + x C
+  const auto y = hax::add(lin(x), hax::dot<axes<Batch, Mlp>>(x, hax::rename(hax::rename(c0, hax::nn::SideIn, Embed), hax::nn::SideOut, Mlp), Embed));
+  check_close(g1.to_host(), hax::multiply(hax::dot<axes<Embed, Mlp>>(x, y, Batch), 2.0f).to_host(), 1e-4, 1e-4);
+}
+
 TEST_CASE("the gradient checker catches a wrong gradient") {
   // sum over a masked reduction is checked against differences; a mask excludes elements from both.
   auto x = random_array<double>(10, 2 * Batch, 3 * Embed);
